@@ -1,0 +1,32 @@
+"""Exceptions raised by tracer.
+
+Every error a user can cause is a subclass of :class:`TracerError`, so one
+``except TracerError`` is enough to keep tracing problems apart from a job's
+own failures.
+"""
+
+from __future__ import annotations
+
+
+class TracerError(Exception):
+    """Base class of every error tracer raises on purpose."""
+
+
+class TraceWriteError(TracerError, OSError):
+    """The trace file cannot be created or written (missing folder, no permission, disk full)."""
+
+
+class TraceWriterClosedError(TracerError, ValueError):
+    """An event was written after :meth:`TraceWriter.close`."""
+
+
+class UnknownTrackError(TracerError, ValueError):
+    """An event names a track that this writer never declared."""
+
+
+class TraceReadError(TracerError, ValueError):
+    """The file is not a Perfetto protobuf trace, or is damaged beyond its last packet."""
+
+
+class InvalidTracingLevelError(TracerError, ValueError):
+    """A tracing level outside 0, 1 and 2 was asked for."""

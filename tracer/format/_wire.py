@@ -1,0 +1,66 @@
+"""Protobuf wire-format encoding, protozero-style.
+
+The writer's hot path appends bytes built from these helpers instead of
+building a message object per event (the way Perfetto's C++ SDK writes with
+protozero). Only the few encodings tracer needs are here.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# Varints of every value below 2**14 (the common timestamp deltas, lengths,
+# uuids and iids), looked up instead of computed: 16384 small bytes objects.
+VARINT_TABLE: list[bytes] = [bytes((i,)) for i in range(128)] + [
+    bytes(((i & 0x7F) | 0x80, i >> 7)) for i in range(128, 1 << 14)
+]
+_TABLE_LIMIT = 1 << 14
+_U64 = (1 << 64) - 1
+_DOUBLE = struct.Struct("<d")
+_FIXED64 = struct.Struct("<Q")
+
+WT_VARINT = 0
+WT_FIXED64 = 1
+WT_LEN = 2
+
+
+def varint(value: int) -> bytes:
+    """Encode a non-negative int (or a negative int64 as two's complement, 10 bytes)."""
+    if 0 <= value < _TABLE_LIMIT:
+        return VARINT_TABLE[value]
+    value &= _U64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def tag(field: int, wire_type: int) -> bytes:
+    return varint((field << 3) | wire_type)
+
+
+def field_varint(field: int, value: int) -> bytes:
+    return tag(field, WT_VARINT) + varint(value)
+
+
+def field_bytes(field: int, payload: bytes) -> bytes:
+    return tag(field, WT_LEN) + varint(len(payload)) + payload
+
+
+def field_string(field: int, text: str) -> bytes:
+    return field_bytes(field, text.encode("utf-8", "surrogatepass"))
+
+
+def field_double(field: int, value: float) -> bytes:
+    return tag(field, WT_FIXED64) + _DOUBLE.pack(value)
+
+
+def field_fixed64(field: int, value: int) -> bytes:
+    return tag(field, WT_FIXED64) + _FIXED64.pack(value & _U64)
+
+
+def packet(payload: bytes) -> bytes:
+    """Frame a TracePacket as ``Trace.packet`` (field 1), the file's record unit."""
+    return b"\x0a" + varint(len(payload)) + payload
