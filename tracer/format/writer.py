@@ -600,7 +600,7 @@ class TraceWriter:
             if not isinstance(args, Mapping):
                 raise TypeError(f"args must be a mapping, got {type(args).__name__}")
             for key, value in args.items():
-                event += field_bytes(4, self._annotation(key, value, interned, 0, top=True))
+                event += field_bytes(4, self._annotation(key, value, interned, 0))
         body = self._seq + b"\x5a" + varint(len(event)) + event
         if cacheable and name is not None:
             cache = self._begin_cache if kind == _BEGIN else self._instant_cache
@@ -625,9 +625,7 @@ class TraceWriter:
             out.append(field_bytes(field, field_varint(1, iid) + field_string(2, text)))
         return iid
 
-    def _annotation(
-        self, key: object, value: object, interned: list[bytes], depth: int, top: bool = False
-    ) -> bytes:
+    def _annotation(self, key: object, value: object, interned: list[bytes], depth: int) -> bytes:
         """Encode one DebugAnnotation (without its outer tag)."""
         if depth > MAX_ARG_DEPTH:
             raise ValueError(f"annotation nested deeper than {MAX_ARG_DEPTH} levels")
@@ -635,11 +633,11 @@ class TraceWriter:
             out = b""
         elif not isinstance(key, str):
             raise TypeError(f"annotation names must be str, got {type(key).__name__}")
-        elif top:
+        else:
+            # Dict keys are interned like top-level names (trace_processor
+            # resolves name_iid at every level of a nested annotation).
             iid = self._intern(self._arg_names, key, 3, interned)
             out = b"\x08" + varint(iid) if iid else field_string(10, key)
-        else:
-            out = field_string(10, key)
         if value is True or value is False:
             return out + b"\x10" + (b"\x01" if value else b"\x00")
         if isinstance(value, int):
