@@ -1,0 +1,66 @@
+"""The actor channel for task measurements (Daft's metrics-actor design).
+
+Used only by tasks that call :func:`tracer.ray.collect_ray_task_metrics`
+themselves; traced remote functions return their measurements instead (see
+:mod:`tracer.ray.task_metrics` for why). One actor per execution, named after
+it, holds measurements until the driver drains them at the end of each wave.
+Every call has a timeout on the driver side; a dead actor loses measurements,
+never the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import ray
+
+NAMESPACE = "tracer"
+_ACTORS: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def actor_name(execution_id: str) -> str:
+    return f"tracer-metrics-{execution_id}"
+
+
+@ray.remote(num_cpus=0, max_concurrency=1)
+class MetricsActor:
+    """Buffers task measurements of one execution until the driver drains them."""
+
+    def __init__(self) -> None:
+        self._items: list[dict[str, Any]] = []
+
+    def put(self, metrics: dict[str, Any]) -> None:
+        self._items.append(metrics)
+
+    def drain(self) -> list[dict[str, Any]]:
+        items, self._items = self._items, []
+        return items
+
+    def ready(self) -> bool:
+        return True
+
+
+def create_metrics_actor(execution_id: str) -> Any:
+    """Create (driver side) the execution's metrics actor and wait until it is up."""
+    actor = MetricsActor.options(  # type: ignore[attr-defined]
+        name=actor_name(execution_id), namespace=NAMESPACE, get_if_exists=True
+    ).remote()
+    ray.get(actor.ready.remote(), timeout=30)
+    return actor
+
+
+def send_to_metrics_actor(execution_id: str, metrics: dict[str, Any]) -> None:
+    """Fire-and-forget from a task; silently drops the measurement when no actor exists."""
+    with _LOCK:
+        actor = _ACTORS.get(execution_id)
+        if actor is None:
+            try:
+                actor = ray.get_actor(actor_name(execution_id), namespace=NAMESPACE)
+            except ValueError:
+                return
+            _ACTORS[execution_id] = actor
+    with contextlib.suppress(Exception):
+        actor.put.remote(metrics)

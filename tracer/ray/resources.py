@@ -1,0 +1,51 @@
+"""The resource request a task is submitted with."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceRequest:
+    """CPUs, GPUs and memory asked of Ray for one task.
+
+    ``memory_bytes`` is Ray's ``memory=`` option: a logical reservation that
+    Ray schedules by and never enforces, which is why tracer compares it with
+    what the task actually used.
+    """
+
+    num_cpus: float | None = 1.0
+    num_gpus: float | None = None
+    memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_cpus", "num_gpus", "memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise ValueError(f"ResourceRequest.{name} must be >= 0 or None, got {value!r}")
+
+    def ray_options(self) -> dict[str, Any]:
+        """The matching keyword arguments of ``f.options(...)``."""
+        opts: dict[str, Any] = {}
+        if self.num_cpus is not None:
+            opts["num_cpus"] = self.num_cpus
+        if self.num_gpus is not None:
+            opts["num_gpus"] = self.num_gpus
+        if self.memory_bytes is not None:
+            opts["memory"] = self.memory_bytes
+        return opts
+
+    def as_args(self) -> dict[str, int | float]:
+        """The request as a trace annotation (absent fields written as 0)."""
+        return {
+            "num_cpus": _num(self.num_cpus),
+            "num_gpus": _num(self.num_gpus),
+            "memory_bytes": int(self.memory_bytes or 0),
+        }
+
+
+def _num(value: float | None) -> int | float:
+    if value is None:
+        return 0
+    return int(value) if float(value).is_integer() else float(value)

@@ -1,0 +1,856 @@
+"""The runner tracer: what a Ray runner's dispatch loop calls to be traced.
+
+One :class:`RunnerTracer` traces one execution (one run of a dispatch loop)
+into one trace file. It writes, through the format layer:
+
+* a **Scheduler** process with a **Dispatch loop** thread: a slice per wave
+  with nested plan polling, batching, dispatching and awaiting slices,
+  instants for plan outcomes, and counters for tasks in flight and the
+  cluster's available CPUs, GPUs and memory;
+* **Ray tasks**: each task's life from created to received, with a nested
+  dispatched-to-received slice, on a pool of lanes (tracks that trace_processor
+  merges into one UI track), so thousands of overlapping tasks never break
+  nesting;
+* a process per **Ray node** with a thread per **worker**: a slice per task
+  execution, measured inside the worker;
+* **Stages**: a slice per stage from its first task's creation to its last
+  task's completion, with flow arrows to every execution it launched.
+
+The track and annotation names are in :mod:`tracer.ray.layout`.
+
+Why it is built this way: the dispatch loop must stay fast, so every call
+writes a few bytes and returns; task measurements arrive late (when a task is
+received) and are written with their true timestamps, which the format layer
+supports. Tracing never breaks the job: the first error writing the trace
+logs one warning and turns the tracer into a no-op.
+
+A :class:`NullRunnerTracer` with the same methods, all doing nothing, is what
+runners get at level 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tracer.format import TraceWriter, Track
+from tracer.ray import layout as L
+from tracer.ray.levels import TracingLevel
+from tracer.ray.resources import ResourceRequest
+from tracer.ray.task_metrics import Metrics, TaskContext
+
+logger = logging.getLogger("tracer")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# Synthetic pids/tids for nodes and workers: real worker pids repeat across
+# the machines of a cluster, and trace_processor keys threads by tid.
+_NODE_PID_BASE = 2_000_000_000
+_FLUSH_INTERVAL_S = 1.0
+
+
+def _guarded(method: _F) -> _F:
+    """Run a tracer method; on any error, disable tracing once instead of failing the job."""
+
+    @functools.wraps(method)
+    def wrapper(self: RunnerTracer, *args: Any, **kwargs: Any) -> Any:
+        if self._disabled:
+            return None
+        try:
+            with self._lock:
+                return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._disable(exc)
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _TaskState:
+    __slots__ = (
+        "attempt",
+        "dispatch_ts",
+        "flow",
+        "lane",
+        "metrics_ref",
+        "request",
+        "stage_id",
+        "task_id",
+    )
+
+    def __init__(
+        self, task_id: str, stage_id: int, lane: Track, flow: int, request: ResourceRequest
+    ) -> None:
+        self.task_id = task_id
+        self.stage_id = stage_id
+        self.lane = lane
+        self.flow = flow
+        self.request = request
+        self.dispatch_ts: int | None = None
+        self.metrics_ref: Any = None
+        self.attempt = 0
+
+
+class _StageState:
+    __slots__ = (
+        "first_ts",
+        "flows",
+        "last_ts",
+        "name",
+        "outstanding",
+        "peaks",
+        "requests",
+        "stage_id",
+        "tasks",
+        "track",
+        "written",
+    )
+
+    def __init__(self, stage_id: int, name: str, track: Track, ts: int) -> None:
+        self.stage_id = stage_id
+        self.name = name
+        self.track = track
+        self.first_ts = ts
+        self.last_ts = ts
+        self.flows: list[int] = []
+        self.outstanding = 0
+        self.tasks = 0
+        self.requests: list[int] = []
+        self.peaks: list[int] = []
+        self.written = False
+
+
+class _Worker:
+    __slots__ = ("lanes", "last_end", "pid", "track")
+
+    def __init__(self, track: Track, pid: int) -> None:
+        self.track = track
+        self.pid = pid
+        self.last_end = 0
+        self.lanes: list[tuple[Track, int]] = []
+
+
+class _Node:
+    __slots__ = ("index", "node_id", "track", "workers")
+
+    def __init__(self, index: int, node_id: str, track: Track) -> None:
+        self.index = index
+        self.node_id = node_id
+        self.track = track
+        self.workers: dict[int, _Worker] = {}
+
+
+class RunnerTracer:
+    """Traces one execution of a Ray runner's dispatch loop into one trace file.
+
+    Create it with :func:`tracer.ray.ray_tracer`; call its methods from the
+    dispatch loop. The API follows Daft's RayRunner tracer call for call, so
+    a runner instrumented for that ports by changing imports. Methods are
+    thread-safe (one lock), but one tracer belongs to one dispatch loop.
+    """
+
+    enabled = True
+
+    def __init__(
+        self,
+        writer: TraceWriter,
+        *,
+        execution_id: str,
+        runner_name: str = "runner",
+        level: TracingLevel = TracingLevel.TIMELINE,
+        cluster_resources: dict[str, float] | None = None,
+        metrics_actor: Any = None,
+        memray_native_traces: bool = False,
+    ) -> None:
+        self.writer = writer
+        self.execution_id = execution_id
+        self.runner_name = runner_name
+        self.level = level
+        self.trace_path: Path = writer.path
+        self.memray_native_traces = memray_native_traces
+        self._lock = threading.RLock()
+        self._disabled = False
+        self._closed = False
+        self._metrics_actor = metrics_actor
+        self._last_flush = time.monotonic()
+
+        w = writer
+        pid = os.getpid()
+        self._scheduler = w.process_track(pid, f"{L.SCHEDULER_PROCESS} ({runner_name})", rank=0)
+        self._loop = w.thread_track(pid, threading.get_native_id(), L.DISPATCH_LOOP_THREAD)
+        self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self._scheduler)
+        self._avail_cpus = w.counter_track(L.COUNTER_AVAILABLE_CPUS, parent=self._scheduler)
+        self._avail_gpus = w.counter_track(L.COUNTER_AVAILABLE_GPUS, parent=self._scheduler)
+        self._avail_mem = w.counter_track(
+            L.COUNTER_AVAILABLE_MEMORY, parent=self._scheduler, unit="bytes"
+        )
+        self._tasks_root = w.track(L.TASKS_TRACK, rank=1)
+        self._stages_root = w.track(L.STAGES_TRACK, rank=2, child_ordering="explicit")
+        self._free_lanes: list[Track] = []
+        self._tasks: dict[str, _TaskState] = {}
+        self._stages: dict[int, _StageState] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._pending_metrics: list[_TaskState] = []
+        self._lost_measurements = 0
+
+        totals = cluster_resources or {}
+        self._total_cpus = float(totals.get("CPU", 0.0))
+        self._total_gpus = float(totals.get("GPU", 0.0))
+        self._total_mem = float(totals.get("memory", 0.0))
+        self._used_cpus = 0.0
+        self._used_gpus = 0.0
+        self._used_mem = 0.0
+
+        w.begin(
+            self._loop,
+            L.SLICE_EXECUTION,
+            category=L.CAT_SCHEDULER,
+            args={
+                "execution_id": execution_id,
+                "runner": runner_name,
+                "tracing_level": int(level),
+            },
+        )
+        self._sample_resources()
+        w.flush()
+
+    # ------------------------------------------------------------- failures
+
+    def _disable(self, exc: BaseException) -> None:
+        if self._disabled:
+            return
+        self._disabled = True
+        logger.warning(
+            "tracer: tracing stopped for execution %s after an error (%s: %s); "
+            "the run continues untraced; the trace so far is in %s",
+            self.execution_id,
+            type(exc).__name__,
+            exc,
+            self.trace_path,
+        )
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    @property
+    def disabled(self) -> bool:
+        """True once tracing stopped after an error."""
+        return self._disabled
+
+    # ---------------------------------------------------------- dispatch loop
+
+    @contextlib.contextmanager
+    def dispatch_wave(self, wave_num: int) -> Iterator[Callable[..., None]]:
+        """A wave of the dispatch loop; yields ``update(**metrics)`` for the wave's args."""
+        metrics: dict[str, Any] = {}
+        self._begin_loop(L.SLICE_WAVE, {"wave": wave_num})
+        try:
+            yield metrics.update
+        finally:
+            self._end_wave(metrics)
+
+    @_guarded
+    def _begin_loop(self, name: str, args: dict[str, Any] | None = None) -> None:
+        self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+
+    @_guarded
+    def _end_loop(self, args: dict[str, Any] | None = None) -> None:
+        self.writer.end(self._loop, args=args)
+
+    @_guarded
+    def _end_wave(self, metrics: dict[str, Any]) -> None:
+        self._drain_metrics()
+        self.writer.end(self._loop, args=metrics or None)
+        self._sample_resources()
+        self.writer.flush()
+        self._last_flush = time.monotonic()
+
+    @contextlib.contextmanager
+    def _loop_slice(self, name: str, args: dict[str, Any] | None = None) -> Iterator[None]:
+        self._begin_loop(name, args)
+        try:
+            yield
+        finally:
+            self._end_loop()
+
+    def dispatch_batching(self) -> contextlib.AbstractContextManager[None]:
+        """Collecting tasks from the plan into a dispatch batch."""
+        return self._loop_slice(L.SLICE_BATCHING)
+
+    def dispatching(self) -> contextlib.AbstractContextManager[None]:
+        """Submitting the batch to Ray."""
+        return self._loop_slice(L.SLICE_DISPATCHING)
+
+    @contextlib.contextmanager
+    def awaiting(
+        self, num_returns: int | None = None, timeout: float | None = None
+    ) -> Iterator[Callable[..., None]]:
+        """Waiting on in-flight tasks (``ray.wait``); yields ``update(**args)`` (``num_ready``)."""
+        args: dict[str, Any] = {}
+        if num_returns is not None:
+            args["num_returns"] = num_returns
+        if timeout is not None:
+            args["timeout_s"] = float(timeout)
+        end_args: dict[str, Any] = {}
+        self._begin_loop(L.SLICE_AWAITING, args)
+        try:
+            yield end_args.update
+        finally:
+            self._end_loop(end_args or None)
+
+    @contextlib.contextmanager
+    def get_next_physical_plan(self) -> Iterator[Callable[..., None]]:
+        """Polling the plan for its next item; yields ``update(**args)``."""
+        end_args: dict[str, Any] = {}
+        self._begin_loop(L.SLICE_PLAN_POLLING)
+        try:
+            yield end_args.update
+        finally:
+            self._end_loop(end_args or None)
+
+    plan_polling = get_next_physical_plan
+
+    @_guarded
+    def _loop_instant(self, name: str, args: dict[str, Any] | None = None) -> None:
+        self.writer.instant(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+
+    def mark_noop_task_start(self) -> None:
+        """A task the runner completes without Ray (e.g. a no-op) starts."""
+        self._begin_loop(L.SLICE_NOOP_TASK)
+
+    def mark_noop_task_end(self) -> None:
+        self._end_loop()
+
+    def mark_handle_none_task(self) -> None:
+        """The plan had nothing ready: it needs in-flight tasks to finish first."""
+        self._loop_instant(L.INSTANT_NOTHING_READY)
+
+    def mark_handle_materialized_result(self) -> None:
+        """The plan produced a materialised result."""
+        self._loop_instant(L.INSTANT_MATERIALIZED)
+
+    def mark_handle_task_add_to_batch(self) -> None:
+        """The plan produced a task that joins the dispatch batch."""
+        self._loop_instant(L.INSTANT_TASK_ADDED)
+
+    def mark_dispatch_task(self) -> None:
+        self._loop_instant(L.INSTANT_DISPATCH_TASK)
+
+    def mark_dispatch_actor_task(self) -> None:
+        self._loop_instant(L.INSTANT_DISPATCH_ACTOR_TASK)
+
+    @_guarded
+    def count_inflight_tasks(self, count: int) -> None:
+        """Sample the number of tasks in flight."""
+        self.writer.counter(self._inflight, count)
+
+    def _sample_resources(self) -> None:
+        w = self.writer
+        if self._total_cpus:
+            w.counter(self._avail_cpus, _num(self._total_cpus - self._used_cpus))
+        if self._total_gpus:
+            w.counter(self._avail_gpus, _num(self._total_gpus - self._used_gpus))
+        if self._total_mem:
+            w.counter(self._avail_mem, int(self._total_mem - self._used_mem))
+
+    # ------------------------------------------------------------------ tasks
+
+    @_guarded
+    def task_created(
+        self,
+        task_id: str,
+        stage_id: int,
+        resource_request: ResourceRequest | Any,
+        instructions: str | None = None,
+        *,
+        stage_name: str | None = None,
+    ) -> None:
+        """A task left the plan. ``resource_request`` has num_cpus, num_gpus, memory_bytes."""
+        request = _as_request(resource_request)
+        now = self.writer.now()
+        stage = self._stages.get(stage_id)
+        if stage is None:
+            name = stage_name or instructions or f"stage {stage_id}"
+            track = self.writer.track(
+                f"{stage_id}: {name}", parent=self._stages_root, rank=len(self._stages),
+                merge=False,
+            )
+            stage = self._stages[stage_id] = _StageState(stage_id, name, track, now)
+        stage.tasks += 1
+        stage.outstanding += 1
+        stage.requests.append(int(request.memory_bytes or 0))
+        flow = self.writer.new_flow_id()
+        stage.flows.append(flow)
+        lane = self._free_lanes.pop() if self._free_lanes else self._new_lane()
+        state = _TaskState(str(task_id), stage_id, lane, flow, request)
+        old = self._tasks.get(state.task_id)
+        if old is not None:  # a retry reuses the id: close the earlier attempt's slices
+            state.attempt = old.attempt + 1
+            self._finish_task(old, now, {L.ARG_STATUS: "superseded"})
+        self._tasks[state.task_id] = state
+        args: dict[str, Any] = {
+            L.ARG_TASK_ID: state.task_id,
+            L.ARG_STAGE_ID: stage_id,
+            L.ARG_STAGE: stage.name,
+            L.ARG_RESOURCE_REQUEST: request.as_args(),
+        }
+        if instructions:
+            args[L.ARG_INSTRUCTIONS] = instructions
+        if state.attempt:
+            args[L.ARG_ATTEMPT] = state.attempt
+        self.writer.begin(lane, stage.name, now, category=L.CAT_TASK, args=args)
+
+    def _new_lane(self) -> Track:
+        return self.writer.track(L.TASK_LANE, parent=self._tasks_root)
+
+    @_guarded
+    def task_dispatched(self, task_id: str) -> TaskContext | None:
+        """The task was submitted to Ray; returns the context a traced task runs with."""
+        state = self._tasks.get(str(task_id))
+        if state is None or state.dispatch_ts is not None:
+            return None
+        now = self.writer.now()
+        state.dispatch_ts = now
+        self.writer.begin(state.lane, L.SLICE_DISPATCHED, now, category=L.CAT_TASK)
+        req = state.request
+        self._used_cpus += req.num_cpus or 0
+        self._used_gpus += req.num_gpus or 0
+        self._used_mem += req.memory_bytes or 0
+        return TaskContext(
+            self.execution_id, state.task_id, state.stage_id, int(self.level),
+            self.memray_native_traces,
+        )
+
+    @_guarded
+    def register_metrics_ref(self, task_id: str, ref: Any) -> None:
+        """Where the task's measurements will arrive (the return channel)."""
+        state = self._tasks.get(str(task_id))
+        if state is not None:
+            state.metrics_ref = ref
+
+    def task_not_ready(self, task_id: str) -> None:
+        """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
+
+    @_guarded
+    def task_received_as_ready(self, task_id: str) -> None:
+        """The runner saw the task's result as ready."""
+        state = self._tasks.pop(str(task_id), None)
+        if state is None:
+            return
+        self._finish_task(state, self.writer.now(), None)
+
+    def _finish_task(self, state: _TaskState, now: int, args: dict[str, Any] | None) -> None:
+        w = self.writer
+        if state.dispatch_ts is not None:
+            w.end(state.lane, now)
+            req = state.request
+            self._used_cpus -= req.num_cpus or 0
+            self._used_gpus -= req.num_gpus or 0
+            self._used_mem -= req.memory_bytes or 0
+        w.end(state.lane, now, args=args)
+        self._free_lanes.append(state.lane)
+        stage = self._stages.get(state.stage_id)
+        if stage is not None:
+            stage.outstanding -= 1
+            stage.last_ts = max(stage.last_ts, now)
+        if state.metrics_ref is not None:
+            self._pending_metrics.append(state)
+            if len(self._pending_metrics) >= 512:
+                self._drain_metrics()
+
+    @_guarded
+    def task_failed(self, task_id: str, error: BaseException) -> None:
+        """The task's result is an error: end its slices with the error, mark where it ran."""
+        state = self._tasks.pop(str(task_id), None)
+        now = self.writer.now()
+        err = _error_args(error)
+        if state is not None:
+            state.metrics_ref = None
+            self._finish_task(state, now, {L.ARG_STATUS: "failed", **err})
+        metrics = _metrics_from_error(error)
+        if metrics is not None:
+            metrics.setdefault("error_type", err[L.ARG_ERROR_TYPE])
+            metrics.setdefault("error", err[L.ARG_ERROR])
+            self._write_execution(metrics, state)
+            return
+        node_id, pid = _where_from_error(error)
+        track = self._loop
+        if node_id or pid:
+            node = self._node(node_id or "unknown")
+            track = self._worker(node, pid).track if pid else node.track
+        self.writer.instant(
+            track, L.INSTANT_TASK_FAILED, now, category=L.CAT_EXECUTION,
+            args={L.ARG_TASK_ID: str(task_id), **err},
+        )
+
+    @_guarded
+    def stage_done(self, stage_id: int) -> None:
+        """No more tasks will be created for the stage: write its slice and flows now."""
+        stage = self._stages.get(stage_id)
+        if stage is not None:
+            self._write_stage(stage)
+
+    # ---------------------------------------------------------- measurements
+
+    def _drain_metrics(self) -> None:
+        """Fetch measurements of received tasks (return channel) and of the actor channel."""
+        pending, self._pending_metrics = self._pending_metrics, []
+        if pending:
+            import ray
+
+            refs = [s.metrics_ref for s in pending]
+            try:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+            except Exception:
+                ready = []
+            ready_set = set(ready)
+            for state in pending:
+                if state.metrics_ref not in ready_set:
+                    self._lost(state.task_id, "measurements did not arrive in time")
+                    continue
+                try:
+                    metrics = ray.get(state.metrics_ref, timeout=10.0)
+                except Exception as exc:  # the task failed: its error carries them
+                    metrics = _metrics_from_error(exc)
+                    if metrics is None:
+                        self._lost(state.task_id, f"{type(exc).__name__}")
+                        continue
+                self._write_execution(metrics, state)
+        if self._metrics_actor is not None:
+            import ray
+
+            try:
+                items = ray.get(self._metrics_actor.drain.remote(), timeout=10.0)
+            except Exception as exc:
+                self._metrics_actor = None
+                self._lost("*", f"metrics actor unreachable ({type(exc).__name__})")
+                items = []
+            for metrics in items:
+                self._write_execution(metrics, None)
+
+    def _lost(self, task_id: str, why: str) -> None:
+        self._lost_measurements += 1
+        self.writer.instant(
+            self._loop, L.INSTANT_METRICS_LOST, category=L.CAT_SCHEDULER,
+            args={L.ARG_TASK_ID: task_id, "reason": why},
+        )
+
+    def _node(self, node_id: str) -> _Node:
+        node = self._nodes.get(node_id)
+        if node is None:
+            index = len(self._nodes)
+            label = node_id[:8] if node_id else "unknown"
+            track = self.writer.process_track(
+                _NODE_PID_BASE + index, f"{L.NODE_PROCESS_PREFIX} {index} ({label})",
+                rank=1 + index,
+            )
+            node = self._nodes[node_id] = _Node(index, node_id, track)
+        return node
+
+    def _worker(self, node: _Node, pid: int) -> _Worker:
+        worker = node.workers.get(pid)
+        if worker is None:
+            tid = ((node.index + 1) << 32) | (pid & 0xFFFFFFFF)
+            track = self.writer.thread_track(
+                _NODE_PID_BASE + node.index, tid, f"{L.WORKER_THREAD_PREFIX} {pid}"
+            )
+            worker = node.workers[pid] = _Worker(track, pid)
+        return worker
+
+    def _execution_track(self, worker: _Worker, start: int, end: int) -> Track:
+        """The worker's track, or a lane under it when executions overlap (threaded actors)."""
+        if start >= worker.last_end:
+            worker.last_end = end
+            return worker.track
+        for i, (lane, lane_end) in enumerate(worker.lanes):
+            if start >= lane_end:
+                worker.lanes[i] = (lane, end)
+                return lane
+        lane = self.writer.track(f"{L.WORKER_THREAD_PREFIX} {worker.pid}", parent=worker.track)
+        worker.lanes.append((lane, end))
+        return lane
+
+    def _write_execution(self, m: Metrics, state: _TaskState | None) -> None:
+        start = int(m.get("start_ns") or 0)
+        end = int(m.get("end_ns") or start)
+        if not start:
+            return
+        task_id = str(m.get("task_id", state.task_id if state else "?"))
+        stage_id = m.get("stage_id", state.stage_id if state else None)
+        stage = self._stages.get(stage_id) if stage_id is not None else None
+        node = self._node(str(m.get("node_id") or "unknown"))
+        worker = self._worker(node, int(m.get("pid") or 0) or 1)
+        track = self._execution_track(worker, start, end)
+        args: dict[str, Any] = {L.ARG_TASK_ID: task_id}
+        if m.get("ray_task_id"):
+            args[L.ARG_RAY_TASK_ID] = m["ray_task_id"]
+        if m.get("assigned_resources"):
+            args[L.ARG_ASSIGNED_RESOURCES] = {
+                k: _num(v) for k, v in m["assigned_resources"].items()
+            }
+        args.update(self._memory_args(m, state, stage))
+        if m.get("error_type"):
+            args[L.ARG_STATUS] = "failed"
+            args[L.ARG_ERROR_TYPE] = m["error_type"]
+            args[L.ARG_ERROR] = m.get("error", "")
+        flows = [state.flow] if state is not None else None
+        name = stage.name if stage is not None else "task"
+        self.writer.begin(
+            track, name, start, category=L.CAT_EXECUTION, args=args, terminating_flows=flows
+        )
+        self.writer.end(track, end)
+        if m.get("error_type"):
+            self.writer.instant(
+                track, L.INSTANT_TASK_FAILED, end, category=L.CAT_EXECUTION,
+                args={L.ARG_TASK_ID: task_id, L.ARG_ERROR_TYPE: m["error_type"]},
+            )
+
+    def _memory_args(
+        self, m: Metrics, state: _TaskState | None, stage: _StageState | None
+    ) -> dict[str, Any]:
+        """Requested vs actual memory of one execution (extended at level 2)."""
+        out: dict[str, Any] = {}
+        peak = m.get("heap_peak") or m.get("rss_peak")
+        if state is not None:
+            out["memory_requested"] = int(state.request.memory_bytes or 0)
+        if peak:
+            out["memory_peak"] = int(peak)
+            if stage is not None:
+                stage.peaks.append(int(peak))
+        return out
+
+    # ----------------------------------------------------------------- stages
+
+    def _write_stage(self, stage: _StageState) -> None:
+        if stage.written:
+            return
+        stage.written = True
+        args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, "num_tasks": stage.tasks}
+        if stage.requests:
+            args["memory_requested"] = _summary(stage.requests)
+        if stage.peaks:
+            args["memory_peak"] = _summary(stage.peaks)
+        self.writer.begin(
+            stage.track, stage.name, stage.first_ts, category=L.CAT_STAGE, args=args,
+            flows=stage.flows,
+        )
+        self.writer.end(stage.track, max(stage.last_ts, stage.first_ts))
+        stage.flows = []
+
+    # -------------------------------------------------------------- lifecycle
+
+    @_guarded
+    def flush(self) -> None:
+        """Write everything buffered to the file."""
+        self.writer.flush()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Finish the trace: fetch outstanding measurements, write stages, close the file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close(error)
+        if not self._disabled:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+    @_guarded
+    def _close(self, error: BaseException | None) -> None:
+        self._drain_metrics()
+        now = self.writer.now()
+        for state in list(self._tasks.values()):
+            self._finish_task(state, now, {L.ARG_STATUS: "unfinished"})
+        self._tasks.clear()
+        self._pending_metrics.clear()
+        for stage in self._stages.values():
+            self._write_stage(stage)
+        args: dict[str, Any] = {"lost_measurements": self._lost_measurements}
+        if error is not None:
+            args.update(_error_args(error))
+        self.writer.end(self._loop, args=args)
+
+
+class _NullContext:
+    """A reusable no-op context manager that yields a no-op updater."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Callable[..., None]:
+        return _noop
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+_NULL_CONTEXT = _NullContext()
+
+
+class NullRunnerTracer:
+    """The tracer at level 0: every call does nothing and costs a method call."""
+
+    enabled = False
+    disabled = False
+    level = TracingLevel.OFF
+    trace_path = None
+    execution_id = ""
+
+    def dispatch_wave(self, wave_num: int) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def dispatch_batching(self) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def dispatching(self) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def awaiting(
+        self, num_returns: int | None = None, timeout: float | None = None
+    ) -> _NullContext:
+        return _NULL_CONTEXT
+
+    def get_next_physical_plan(self) -> _NullContext:
+        return _NULL_CONTEXT
+
+    plan_polling = get_next_physical_plan
+
+    def mark_noop_task_start(self) -> None:
+        pass
+
+    def mark_noop_task_end(self) -> None:
+        pass
+
+    def mark_handle_none_task(self) -> None:
+        pass
+
+    def mark_handle_materialized_result(self) -> None:
+        pass
+
+    def mark_handle_task_add_to_batch(self) -> None:
+        pass
+
+    def mark_dispatch_task(self) -> None:
+        pass
+
+    def mark_dispatch_actor_task(self) -> None:
+        pass
+
+    def count_inflight_tasks(self, count: int) -> None:
+        pass
+
+    def task_created(
+        self,
+        task_id: str,
+        stage_id: int,
+        resource_request: Any,
+        instructions: str | None = None,
+        *,
+        stage_name: str | None = None,
+    ) -> None:
+        pass
+
+    def task_dispatched(self, task_id: str) -> None:
+        return None
+
+    def register_metrics_ref(self, task_id: str, ref: Any) -> None:
+        pass
+
+    def task_not_ready(self, task_id: str) -> None:
+        pass
+
+    def task_received_as_ready(self, task_id: str) -> None:
+        pass
+
+    def task_failed(self, task_id: str, error: BaseException) -> None:
+        pass
+
+    def stage_done(self, stage_id: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, error: BaseException | None = None) -> None:
+        pass
+
+
+AnyRunnerTracer = RunnerTracer | NullRunnerTracer
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _num(value: Any) -> int | float:
+    f = float(value)
+    return int(f) if f.is_integer() else f
+
+
+def _as_request(request: Any) -> ResourceRequest:
+    if isinstance(request, ResourceRequest):
+        return request
+    if request is None:
+        return ResourceRequest()
+    if isinstance(request, dict):
+        return ResourceRequest(
+            num_cpus=request.get("num_cpus"),
+            num_gpus=request.get("num_gpus"),
+            memory_bytes=request.get("memory_bytes"),
+        )
+    return ResourceRequest(
+        num_cpus=getattr(request, "num_cpus", None),
+        num_gpus=getattr(request, "num_gpus", None),
+        memory_bytes=getattr(request, "memory_bytes", None),
+    )
+
+
+def _summary(values: Iterable[int]) -> dict[str, int]:
+    vals = sorted(values)
+    return {"min": vals[0], "median": int(statistics.median(vals)), "max": vals[-1]}
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+def _error_args(error: BaseException) -> dict[str, str]:
+    cause = _root_cause(error)
+    message = str(error).strip().splitlines()
+    return {
+        L.ARG_ERROR_TYPE: type(cause).__name__ if cause is not error else type(error).__name__,
+        L.ARG_ERROR: (message[-1] if message else "")[:500],
+    }
+
+
+def _metrics_from_error(error: BaseException) -> Metrics | None:
+    for candidate in (error, getattr(error, "cause", None)):
+        metrics = getattr(candidate, "__tracer_metrics__", None)
+        if isinstance(metrics, dict):
+            return metrics
+    return None
+
+
+_PID_RE = re.compile(r"pid=(\d+)")
+_NODE_RE = re.compile(r"ID: ([0-9a-f]{16,})")
+
+
+def _where_from_error(error: BaseException) -> tuple[str | None, int]:
+    """Node id and worker pid that Ray's error names (OOM kills and crashes say both)."""
+    pid = getattr(error, "pid", None)
+    text = str(error)
+    if not isinstance(pid, int):
+        match = _PID_RE.search(text)
+        pid = int(match.group(1)) if match else 0
+    node = _NODE_RE.search(text)
+    return (node.group(1) if node else None), pid

@@ -1,0 +1,88 @@
+"""Opening a trace for one execution: :func:`ray_tracer`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from tracer.format import TraceWriter
+from tracer.ray.levels import TracingLevel, resolve_level
+from tracer.ray.output import default_trace_path
+from tracer.ray.runner_tracer import AnyRunnerTracer, NullRunnerTracer, RunnerTracer
+
+logger = logging.getLogger("tracer")
+
+_NULL = NullRunnerTracer()
+
+
+def new_execution_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@contextlib.contextmanager
+def ray_tracer(
+    execution_id: str | None = None,
+    *,
+    runner_name: str = "runner",
+    level: int | str | TracingLevel | None = None,
+    path: str | os.PathLike[str] | None = None,
+    compress: bool = False,
+    metrics_actor: bool = False,
+    memray_native_traces: bool = False,
+) -> Iterator[AnyRunnerTracer]:
+    """Trace one execution of a dispatch loop.
+
+    ``level`` defaults to ``$TRACER_ENABLE_RAY_TRACING`` (0, off, when unset).
+    At level 0 this yields a :class:`NullRunnerTracer` and starts nothing. The
+    trace goes to ``path``, or by default to the Ray session's log folder
+    (``<session>/logs/tracer/<runner>.<execution id>.<timestamp>.perfetto-trace``);
+    its path is logged when the execution ends and is ``tracer.trace_path``.
+    ``metrics_actor=True`` also starts the actor channel, for tasks that call
+    :func:`collect_ray_task_metrics` themselves. Ray must be initialised.
+    """
+    lvl = resolve_level(level)
+    if lvl == TracingLevel.OFF:
+        yield _NULL
+        return
+    import ray
+
+    execution_id = execution_id or new_execution_id()
+    trace_path = Path(path) if path is not None else default_trace_path(runner_name, execution_id)
+    if path is None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = TraceWriter(trace_path, compress=compress)
+    try:
+        totals = ray.cluster_resources() if ray.is_initialized() else {}
+        actor = None
+        if metrics_actor:
+            from tracer.ray.channel import create_metrics_actor
+
+            actor = create_metrics_actor(execution_id)
+        tracer = RunnerTracer(
+            writer,
+            execution_id=execution_id,
+            runner_name=runner_name,
+            level=lvl,
+            cluster_resources=totals,
+            metrics_actor=actor,
+            memray_native_traces=memray_native_traces,
+        )
+    except BaseException:
+        writer.close()
+        raise
+    error: BaseException | None = None
+    try:
+        yield tracer
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        tracer.close(error)
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        logger.info("tracer: trace of execution %s written to %s", execution_id, trace_path)

@@ -1,0 +1,176 @@
+"""Task-side measurements: when and where a task ran, and what memory it used.
+
+This code runs inside Ray workers. It measures a task's start and end with
+the wall clock (the one clock all nodes share), where it ran (node, worker
+process, Ray's task id and assigned resources) and its memory, and hands the
+result to a *sink*:
+
+* the **return channel** (the default, used by :class:`RayFunctionWrapper`):
+  the measurements ride back as one extra, small return value of the task.
+  Ray inlines small return values into the reply to the owner, so this costs
+  the task no extra round trip: about 10-20 µs of pickling. The driver picks
+  them up when it receives the task as ready.
+* the **actor channel** (:mod:`tracer.ray.channel`), for tasks that only wrap
+  their body in :func:`collect_ray_task_metrics` (the Daft pattern): a
+  fire-and-forget actor call costs the task ~150-300 µs here, and the driver
+  drains the actor once per wave.
+
+``benchmarks/bench_channel.py`` measures both; the return channel is the
+default because it is an order of magnitude cheaper per task and cannot lose
+measurements to a dead actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tracer.ray.levels import TracingLevel, resolve_level
+
+Metrics = dict[str, Any]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskContext:
+    """What the driver tells a traced task about itself (pickled with every call)."""
+
+    execution_id: str
+    task_id: str
+    stage_id: int | None
+    level: int
+    memray_native_traces: bool = False
+
+
+def current_rss() -> int:
+    """This process's resident set size in bytes (cheap: one small /proc read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return peak_rss()
+
+
+def peak_rss() -> int:
+    """This process's lifetime peak RSS in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _where() -> Metrics:
+    """Where this task runs, from Ray's runtime context (empty outside Ray)."""
+    try:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "node_id": ctx.get_node_id(),
+            "worker_id": ctx.get_worker_id(),
+            "ray_task_id": ctx.get_task_id(),
+            "assigned_resources": dict(ctx.get_assigned_resources()),
+        }
+    except Exception:  # outside a worker, or Ray shutting down
+        return {}
+
+
+@contextlib.contextmanager
+def measure_task(
+    ctx: TaskContext, sink: Callable[[Metrics], None] | None = None
+) -> Iterator[Metrics]:
+    """Measure the body as one task execution and give the result to ``sink``.
+
+    The metrics dict is yielded so the body can add its own entries. On an
+    exception the metrics are still completed, attached to the exception as
+    ``__tracer_metrics__`` (it travels inside Ray's error to the driver) and
+    given to the sink; the exception propagates unchanged.
+    """
+    metrics: Metrics = {"task_id": ctx.task_id, "stage_id": ctx.stage_id, "pid": os.getpid()}
+    metrics.update(_where())
+    peak_before = peak_rss()
+    metrics["rss_start"] = current_rss()
+    memory = _memory_tracker(ctx, metrics)
+    metrics["start_ns"] = time.time_ns()
+    try:
+        with memory:
+            yield metrics
+    except BaseException as exc:
+        _finish(metrics, peak_before)
+        metrics["error_type"] = type(exc).__name__
+        metrics["error"] = str(exc)[:500]
+        with contextlib.suppress(Exception):
+            exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
+        _deliver(sink, metrics)
+        raise
+    _finish(metrics, peak_before)
+    _deliver(sink, metrics)
+
+
+def _finish(metrics: Metrics, peak_before: int) -> None:
+    metrics.setdefault("end_ns", time.time_ns())
+    rss_end = current_rss()
+    metrics["rss_end"] = rss_end
+    peak_after = peak_rss()
+    # ru_maxrss is the process's lifetime high-water mark: when it rose during
+    # the task, the task set it; otherwise the task's peak is at least what we
+    # saw at its start and end (level 2 measures the real peak with memray).
+    peak = max(metrics["rss_start"], rss_end)
+    if peak_after > peak_before:
+        peak = max(peak, peak_after)
+    metrics["rss_peak"] = peak
+
+
+def _deliver(sink: Callable[[Metrics], None] | None, metrics: Metrics) -> None:
+    if sink is None:
+        return
+    with contextlib.suppress(Exception):  # tracing never breaks the task
+        sink(metrics)
+
+
+def _memory_tracker(ctx: TaskContext, metrics: Metrics) -> contextlib.AbstractContextManager[Any]:
+    if ctx.level >= TracingLevel.MEMORY:
+        from tracer.ray.memory import track_task_memory
+
+        return track_task_memory(metrics, native_traces=ctx.memray_native_traces)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def collect_ray_task_metrics(
+    execution_id: str,
+    task_id: str,
+    stage_id: int | None = None,
+    *,
+    level: int | str | None = None,
+) -> Iterator[Metrics | None]:
+    """Record this task's execution for the runner tracer of ``execution_id``.
+
+    For runners that call it inside their own remote functions (Daft's
+    ``collect_ray_task_metrics``): the measurements go to the execution's
+    metrics actor, which the driver drains every wave. ``level`` defaults to
+    ``$TRACER_ENABLE_RAY_TRACING`` as seen by the worker; at 0 this does nothing.
+    """
+    lvl = resolve_level(level)
+    if lvl == TracingLevel.OFF:
+        yield None
+        return
+    from tracer.ray.channel import send_to_metrics_actor
+
+    ctx = TaskContext(execution_id, task_id, stage_id, int(lvl))
+    with measure_task(ctx, lambda m: send_to_metrics_actor(execution_id, m)) as metrics:
+        yield metrics
+
+
+def run_traced(
+    fn: Callable[..., Any], ctx: TaskContext, num_returns: int, args: Any, kwargs: Any
+) -> Any:
+    """Run ``fn`` measured, returning its result(s) plus the metrics as a last value."""
+    with measure_task(ctx) as metrics:
+        result = fn(*args, **kwargs)
+    if num_returns == 1:
+        return result, metrics
+    return (*result, metrics)

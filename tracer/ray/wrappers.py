@@ -1,0 +1,149 @@
+"""Wrappers that let a runner's own Ray calls feed the tracer.
+
+They mirror Daft's: a remote-function wrapper that records dispatch (and
+carries the task's measurements back as one extra return value), a plan
+wrapper that records task creation and plan polling, and a ``ray.wait``
+wrapper that records tasks received as ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import ray
+
+from tracer.ray.runner_tracer import AnyRunnerTracer
+from tracer.ray.task_metrics import TaskContext, run_traced
+
+T = TypeVar("T")
+
+_TRACED: dict[int, tuple[Callable[..., Any], Any]] = {}
+
+
+def _traced_remote(remote_fn: Any) -> Any:
+    """A Ray remote function that runs ``remote_fn``'s body measured (cached per function)."""
+    key = id(remote_fn)
+    cached = _TRACED.get(key)
+    if cached is not None and cached[0] is remote_fn:
+        return cached[1]
+    fn = remote_fn._function
+
+    def traced(__tracer_ctx: TaskContext, __tracer_n: int, *args: Any, **kwargs: Any) -> Any:
+        return run_traced(fn, __tracer_ctx, __tracer_n, args, kwargs)
+
+    # Named like the user's function in Ray's dashboard and errors; not
+    # functools.wraps, whose __wrapped__ would make Ray check our arguments
+    # against the user's signature.
+    traced.__name__ = getattr(fn, "__name__", "task")
+    traced.__qualname__ = getattr(fn, "__qualname__", traced.__name__)
+    traced.__module__ = getattr(fn, "__module__", __name__)
+
+    options = dict(getattr(remote_fn, "_default_options", {}) or {})
+    options.pop("num_returns", None)
+    traced_remote = ray.remote(**options)(traced) if options else ray.remote(traced)
+    _TRACED[key] = (remote_fn, traced_remote)
+    return traced_remote
+
+
+@dataclasses.dataclass(frozen=True)
+class RayFunctionWrapper:
+    """Wraps a Ray remote function so that calls can be traced per task."""
+
+    f: Any
+    options_: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def wrap(cls, f: Any) -> RayFunctionWrapper:
+        return cls(f=f)
+
+    def options(self, **kwargs: Any) -> RayFunctionWrapper:
+        return dataclasses.replace(self, options_={**self.options_, **kwargs})
+
+    def with_tracing(
+        self, runner_tracer: AnyRunnerTracer, task_id: str
+    ) -> RayRunnableFunctionWrapper:
+        return RayRunnableFunctionWrapper(self.f, self.options_, runner_tracer, str(task_id))
+
+
+@dataclasses.dataclass(frozen=True)
+class RayRunnableFunctionWrapper:
+    """A traced call of one task: ``.remote(...)`` records the dispatch and submits it."""
+
+    f: Any
+    options_: dict[str, Any]
+    runner_tracer: AnyRunnerTracer
+    task_id: str
+
+    def options(self, **kwargs: Any) -> RayRunnableFunctionWrapper:
+        return dataclasses.replace(self, options_={**self.options_, **kwargs})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        tracer = self.runner_tracer
+        if not tracer.enabled or tracer.disabled:
+            f = self.f.options(**self.options_) if self.options_ else self.f
+            return f.remote(*args, **kwargs)
+        ctx = tracer.task_dispatched(self.task_id)
+        n = int(self.options_.get("num_returns", _default_num_returns(self.f)))
+        if ctx is None or not isinstance(n, int) or n < 1:
+            f = self.f.options(**self.options_) if self.options_ else self.f
+            return f.remote(*args, **kwargs)
+        traced = _traced_remote(self.f)
+        refs = traced.options(**{**self.options_, "num_returns": n + 1}).remote(
+            ctx, n, *args, **kwargs
+        )
+        tracer.register_metrics_ref(self.task_id, refs[-1])
+        return refs[0] if n == 1 else refs[:-1]
+
+
+def _default_num_returns(f: Any) -> int:
+    value = (getattr(f, "_default_options", {}) or {}).get("num_returns", 1)
+    return value if isinstance(value, int) else 1
+
+
+class MaterializedPlanWrapper(Generic[T]):
+    """Wraps a plan iterator: each ``next`` is a plan-polling slice; tasks are recorded as created.
+
+    ``describe(item)`` returns ``(task_id, stage_id, resource_request, instructions)``
+    for items that are tasks, or None for other items (e.g. materialised results).
+    """
+
+    def __init__(
+        self,
+        plan: Iterator[T],
+        runner_tracer: AnyRunnerTracer,
+        describe: Callable[[T], tuple[str, int, Any, str | None] | None],
+    ) -> None:
+        self.plan = plan
+        self.runner_tracer = runner_tracer
+        self.describe = describe
+
+    def __iter__(self) -> MaterializedPlanWrapper[T]:
+        return self
+
+    def __next__(self) -> T:
+        with self.runner_tracer.get_next_physical_plan() as update_args:
+            item = next(self.plan)
+            update_args(next_item_type=type(item).__name__)
+            task = self.describe(item)
+            if task is not None:
+                task_id, stage_id, request, instructions = task
+                self.runner_tracer.task_created(task_id, stage_id, request, instructions)
+        return item
+
+
+class RayModuleWrapper:
+    """``ray.wait`` that records which tasks were received as ready."""
+
+    def __init__(self, runner_tracer: AnyRunnerTracer) -> None:
+        self._runner_tracer = runner_tracer
+
+    def wait(
+        self, task_ids: dict[Any, str], *args: Any, **kwargs: Any
+    ) -> tuple[list[Any], list[Any]]:
+        readies, not_readies = ray.wait(*args, **kwargs)
+        for ready in readies:
+            if ready in task_ids:
+                self._runner_tracer.task_received_as_ready(task_ids[ready])
+        return readies, not_readies
