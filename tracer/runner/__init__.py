@@ -1,0 +1,5 @@
+"""The reference runner: map-only partition pipelines on Ray, traced through :mod:`tracer.ray`."""
+
+from tracer.runner.pipeline import Pipeline, Stage, UnsatisfiableResourcesError
+
+__all__ = ["Pipeline", "Stage", "UnsatisfiableResourcesError"]

@@ -1,0 +1,361 @@
+"""A reference runner: map-only partition pipelines on Ray, traced.
+
+It exists so that examples, tests and users have a real dispatch loop to
+trace, shaped like the Ray runners of dataframe engines: in waves it polls a
+plan for ready tasks (a task is ready when its upstream partition is done),
+batches them up to what the cluster can take, dispatches them with their
+resource requests, waits with ``ray.wait`` and records completions. It uses
+only the public API of :mod:`tracer.ray`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from tracer.ray import (
+    AnyRunnerTracer,
+    RayFunctionWrapper,
+    ResourceRequest,
+    TracingLevel,
+    new_execution_id,
+    ray_tracer,
+)
+from tracer.runner.progress import Progress
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One map stage: ``fn`` is applied to every partition, each call a Ray task.
+
+    The resource request is passed to Ray as ``num_cpus``, ``num_gpus`` and
+    ``memory`` (a logical reservation Ray schedules by but never enforces).
+    """
+
+    name: str
+    fn: Callable[[Any], Any]
+    num_cpus: float = 1.0
+    num_gpus: float | None = None
+    memory_bytes: int | None = None
+    max_retries: int | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"stage {self.name!r}: fn must be callable, got {self.fn!r}")
+        if not self.name:
+            raise ValueError("a stage needs a name")
+        ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)  # validates
+
+    @property
+    def resource_request(self) -> ResourceRequest:
+        return ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)
+
+
+class UnsatisfiableResourcesError(ValueError):
+    """A stage asks for more than any node of the cluster has: it could never run."""
+
+
+@dataclasses.dataclass
+class _Task:
+    task_id: str
+    stage_index: int
+    partition: int
+    input: Any
+
+
+def _run_stage(
+    fn: Callable[[Any], Any], stage_name: str, partition: int, data: Any, is_source: bool
+) -> Any:
+    """The body of every task: make the partition if needed, apply the stage."""
+    try:
+        if is_source and callable(data):
+            data = data()
+        return fn(data)
+    except Exception as exc:
+        note = f"in stage {stage_name!r}, partition {partition}"
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        raise
+
+
+_run_stage_remote = ray.remote(_run_stage)
+
+
+class _Plan:
+    """Which tasks are ready: downstream tasks of finished partitions first, then new ones."""
+
+    def __init__(self, partitions: Iterable[Any], stages: Sequence[Stage]) -> None:
+        self._source: Iterator[Any] = iter(partitions)
+        self._stages = stages
+        self._next_partition = 0
+        self._ready: collections.deque[_Task] = collections.deque()
+        self.source_done = False
+
+    def peek(self) -> _Task | None:
+        if self._ready:
+            return self._ready[0]
+        if self.source_done:
+            return None
+        try:
+            data = next(self._source)
+        except StopIteration:
+            self.source_done = True
+            return None
+        index = self._next_partition
+        self._next_partition += 1
+        task = _Task(f"0-{index}", 0, index, data)
+        self._ready.append(task)
+        return task
+
+    def pop(self) -> _Task:
+        return self._ready.popleft()
+
+    def upstream_done(self, task: _Task, ref: Any) -> None:
+        nxt = task.stage_index + 1
+        if nxt < len(self._stages):
+            self._ready.appendleft(_Task(f"{nxt}-{task.partition}", nxt, task.partition, ref))
+
+    @property
+    def partitions_seen(self) -> int:
+        return self._next_partition
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """Input partitions followed by map stages.
+
+    ``partitions`` is a list of partition values, or any iterable (e.g. a
+    generator) whose items are partitions or zero-argument *factories* that
+    build a partition inside the first stage's task (so big inputs are made
+    on the workers, not shipped from the driver).
+    """
+
+    partitions: Iterable[Any]
+    stages: Sequence[Stage]
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a pipeline needs at least one stage")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique, got {names}")
+
+    def run(
+        self,
+        *,
+        tracing_level: int | str | TracingLevel | None = None,
+        trace_path: str | Path | None = None,
+        execution_id: str | None = None,
+        progress: bool | None = None,
+        max_inflight: int | None = None,
+        wait_timeout: float = 0.1,
+        fetch: bool = True,
+        runner_name: str = "pipeline",
+    ) -> list[Any]:
+        """Run on the current Ray cluster (``ray.init`` first); results in partition order.
+
+        ``tracing_level`` defaults to ``$TRACER_ENABLE_RAY_TRACING``. With
+        ``fetch=False`` the results are ObjectRefs. ``progress`` shows a bar
+        per stage (default: only when stderr is a terminal). An exception in a
+        stage function reaches the caller as that exception, with a note
+        naming the stage and partition.
+        """
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialised: call ray.init() before Pipeline.run()")
+        execution_id = execution_id or new_execution_id()
+        with ray_tracer(
+            execution_id, runner_name=runner_name, level=tracing_level, path=trace_path
+        ) as tracer:
+            self.trace_path = tracer.trace_path
+            refs = _DispatchLoop(self, tracer, progress, max_inflight, wait_timeout).run()
+        if not fetch:
+            return refs
+        return _fetch(refs)
+
+
+def _fetch(refs: list[Any]) -> list[Any]:
+    try:
+        return list(ray.get(refs))
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else None
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+class _DispatchLoop:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        tracer: AnyRunnerTracer,
+        progress: bool | None,
+        max_inflight: int | None,
+        wait_timeout: float,
+    ) -> None:
+        self.stages = list(pipeline.stages)
+        self.plan = _Plan(pipeline.partitions, self.stages)
+        self.tracer = tracer
+        self.wait_timeout = wait_timeout
+        totals = ray.cluster_resources()
+        self.total_cpus = float(totals.get("CPU", 0.0))
+        self.total_gpus = float(totals.get("GPU", 0.0))
+        self.total_mem = float(totals.get("memory", 0.0))
+        _check_satisfiable(self.stages)
+        cap = max_inflight if max_inflight is not None else max(1, 2 * math.ceil(self.total_cpus))
+        self.max_inflight = max(1, cap)
+        self.used = [0.0, 0.0, 0.0]
+        self.inflight: dict[Any, _Task] = {}
+        self.received = [0] * len(self.stages)
+        known = len(pipeline.partitions) if isinstance(pipeline.partitions, Sequence) else None
+        show = progress if progress is not None else sys.stderr.isatty()
+        self.progress = Progress([s.name for s in self.stages], known, enabled=show)
+        self.functions = [
+            RayFunctionWrapper.wrap(_run_stage_remote).options(
+                name=s.name,
+                **s.resource_request.ray_options(),
+                **({"max_retries": s.max_retries} if s.max_retries is not None else {}),
+            )
+            for s in self.stages
+        ]
+        self.results: dict[int, Any] = {}
+
+    def _fits(self, stage: Stage, pending: int) -> bool:
+        """Whether one more task of ``stage`` fits next to ``pending`` dispatched ones."""
+        if not pending:
+            return True  # always make progress, even when one task is bigger than the cluster
+        if pending >= self.max_inflight:
+            return False
+        cpus = self.used[0] + (stage.num_cpus or 0)
+        gpus = self.used[1] + (stage.num_gpus or 0)
+        mem = self.used[2] + (stage.memory_bytes or 0)
+        return (
+            (not self.total_cpus or cpus <= self.total_cpus + 1e-9)
+            and (not stage.num_gpus or gpus <= self.total_gpus + 1e-9)
+            and (not stage.memory_bytes or mem <= self.total_mem)
+        )
+
+    def _account(self, stage: Stage, sign: int) -> None:
+        self.used[0] += sign * (stage.num_cpus or 0)
+        self.used[1] += sign * (stage.num_gpus or 0)
+        self.used[2] += sign * (stage.memory_bytes or 0)
+
+    def run(self) -> list[Any]:
+        tracer = self.tracer
+        try:
+            for wave in itertools.count():
+                if self.plan.source_done and not self.inflight and self.plan.peek() is None:
+                    break
+                with tracer.dispatch_wave(wave) as wave_metrics:
+                    batch = self._batch()
+                    self._dispatch(batch)
+                    done = self._await()
+                    wave_metrics(dispatched=len(batch), received=done, inflight=len(self.inflight))
+        finally:
+            self.progress.close()
+        n = self.plan.partitions_seen
+        return [self.results[i] for i in range(n)]
+
+    def _batch(self) -> list[_Task]:
+        tracer = self.tracer
+        batch: list[_Task] = []
+        with tracer.dispatch_batching():
+            while True:
+                with tracer.get_next_physical_plan() as update:
+                    task = self.plan.peek()
+                    pending = len(self.inflight) + len(batch)
+                    if task is not None and not self._fits(self.stages[task.stage_index], pending):
+                        update(next_item_type="blocked on resources")
+                        break
+                    if task is None:
+                        update(next_item_type="none")
+                    else:
+                        self.plan.pop()
+                        stage = self.stages[task.stage_index]
+                        tracer.task_created(
+                            task.task_id, task.stage_index, stage.resource_request,
+                            stage.name, stage_name=stage.name,
+                        )
+                        update(next_item_type="task")
+                if task is None:
+                    tracer.mark_handle_none_task()
+                    break
+                tracer.mark_handle_task_add_to_batch()
+                batch.append(task)
+                self._account(self.stages[task.stage_index], +1)
+        return batch
+
+    def _dispatch(self, batch: list[_Task]) -> None:
+        if not batch:
+            return
+        tracer = self.tracer
+        with tracer.dispatching():
+            for task in batch:
+                fn = self.functions[task.stage_index].with_tracing(tracer, task.task_id)
+                ref = fn.remote(
+                    self.stages[task.stage_index].fn,
+                    self.stages[task.stage_index].name,
+                    task.partition,
+                    task.input,
+                    task.stage_index == 0,
+                )
+                task.input = None  # the ref is all we keep: nothing pinned twice
+                self.inflight[ref] = task
+                tracer.mark_dispatch_task()
+        tracer.count_inflight_tasks(len(self.inflight))
+
+    def _await(self) -> int:
+        if not self.inflight:
+            return 0
+        tracer = self.tracer
+        refs = list(self.inflight)
+        with tracer.awaiting(1, self.wait_timeout) as update:
+            ready, rest = ray.wait(refs, num_returns=1, timeout=self.wait_timeout)
+            if ready and rest:
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready.extend(more)
+            update(num_ready=len(ready))
+        last = len(self.stages) - 1
+        for ref in ready:
+            task = self.inflight.pop(ref)
+            self._account(self.stages[task.stage_index], -1)
+            tracer.task_received_as_ready(task.task_id)
+            self.received[task.stage_index] += 1
+            self.progress.update(task.stage_index, self.received[task.stage_index])
+            if task.stage_index == last:
+                self.results[task.partition] = ref
+                tracer.mark_handle_materialized_result()
+            self.plan.upstream_done(task, ref)
+            if self.plan.source_done and self.received[task.stage_index] == (
+                self.plan.partitions_seen
+            ):
+                tracer.stage_done(task.stage_index)
+        tracer.count_inflight_tasks(len(self.inflight))
+        return len(ready)
+
+
+def _check_satisfiable(stages: Sequence[Stage]) -> None:
+    """Fail fast on a request no node can ever satisfy (Ray would wait forever)."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", n.get("alive"))]
+    if not nodes:
+        return
+    for stage in stages:
+        wants = {"CPU": stage.num_cpus or 0, "GPU": stage.num_gpus or 0,
+                 "memory": stage.memory_bytes or 0}
+        if not any(all(res.get(k, 0) >= v for k, v in wants.items() if v) for res in nodes):
+            best = {k: max(res.get(k, 0) for res in nodes) for k, v in wants.items() if v}
+            raise UnsatisfiableResourcesError(
+                f"stage {stage.name!r} asks for {_fmt(wants)} per task, but no node of the "
+                f"cluster has that much (largest: {_fmt(best)}); the task could never run"
+            )
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in resources.items() if v) or "nothing"
