@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
@@ -222,6 +223,17 @@ class RunnerTracer:
         )
         self._sample_resources()
         w.flush()
+        self._stop_flusher = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_periodically, name=f"tracer-flush-{execution_id}", daemon=True
+        )
+        self._flusher.start()
+
+    def _flush_periodically(self) -> None:
+        """Flush at least every second, so a killed driver leaves at most ~1 s unwritten."""
+        while not self._stop_flusher.wait(_FLUSH_INTERVAL_S):
+            if time.monotonic() - self._last_flush >= _FLUSH_INTERVAL_S:
+                self.flush()
 
     # ------------------------------------------------------------- failures
 
@@ -229,6 +241,7 @@ class RunnerTracer:
         if self._disabled:
             return
         self._disabled = True
+        self._stop_flusher.set()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "
             "the run continues untraced; the trace so far is in %s",
@@ -649,15 +662,21 @@ class RunnerTracer:
 
     @_guarded
     def flush(self) -> None:
-        """Write everything buffered to the file."""
+        """Write everything buffered to the file; stop tracing if the file was removed."""
+        if self._closed:
+            return
         self.writer.flush()
+        self._last_flush = time.monotonic()
+        if not self.trace_path.exists():
+            raise TraceWriteError(f"trace file {self.trace_path} was removed while being written")
 
     def close(self, error: BaseException | None = None) -> None:
         """Finish the trace: fetch outstanding measurements, write stages, close the file."""
         if self._closed:
             return
-        self._closed = True
+        self._stop_flusher.set()
         self._close(error)
+        self._closed = True
         if not self._disabled:
             with contextlib.suppress(Exception):
                 self.writer.close()

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from tracer.errors import TracerError
 from tracer.format import TraceWriter
 from tracer.ray.levels import TracingLevel, resolve_level
 from tracer.ray.output import default_trace_path
@@ -52,9 +53,19 @@ def ray_tracer(
 
     execution_id = execution_id or new_execution_id()
     trace_path = Path(path) if path is not None else default_trace_path(runner_name, execution_id)
-    if path is None:
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-    writer = TraceWriter(trace_path, compress=compress)
+    try:
+        if path is None:
+            trace_path.parent.mkdir(parents=True, exist_ok=True)
+        writer = TraceWriter(trace_path, compress=compress)
+    except (OSError, TracerError) as exc:
+        # Tracing never breaks the job: run untraced, say so once.
+        logger.warning(
+            "tracer: cannot write a trace for execution %s (%s); running untraced",
+            execution_id,
+            exc,
+        )
+        yield _NULL
+        return
     try:
         totals = ray.cluster_resources() if ray.is_initialized() else {}
         actor = None
