@@ -32,7 +32,7 @@ nesting (its errors become ``bad_packet`` problems), and inflation is bounded.
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import os
 import zlib
 from operator import itemgetter
@@ -110,7 +110,16 @@ def read_trace(
             raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
     if max_bundle_size < 1:
         raise ValueError(f"max_bundle_size must be positive, got {max_bundle_size}")
-    return _Reader(data, what, strict, max_bundle_size).read()
+    # The reader allocates millions of small acyclic objects; the cyclic
+    # garbage collector would rescan them over and over (about half the time
+    # of a large read), so it is paused while reading.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Reader(data, what, strict, max_bundle_size).read()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 class _Sequence:
@@ -121,6 +130,7 @@ class _Sequence:
         "categories",
         "clock_default",
         "counter_totals",
+        "generation",
         "names",
         "running",
         "snapshot",
@@ -133,6 +143,9 @@ class _Sequence:
         # trace_processor starts every sequence with its incremental state
         # invalid: interned data is ignored until SEQ_INCREMENTAL_STATE_CLEARED.
         self.valid = False
+        # Bumped whenever what a packet decodes to may change (clear, defaults,
+        # packet loss): cached decodings of an older generation are not reused.
+        self.generation = 0
         self.names: dict[int, str] = {}
         self.categories: dict[int, str] = {}
         self.ann_names: dict[int, str] = {}
@@ -148,6 +161,7 @@ class _Sequence:
 
     def clear(self) -> None:
         self.valid = True
+        self.generation += 1
         self.names = {}
         self.categories = {}
         self.ann_names = {}
@@ -155,6 +169,71 @@ class _Sequence:
         self.clock_default = 0
         self.track_default = None
         self.counter_totals = {}
+
+
+class _Template:
+    """What a simple, problem-free packet decoded to, apart from its timestamp.
+
+    The writer repeats byte-identical packets (same track, name, category; only
+    the timestamp differs), so the reader caches their decoding by the bytes
+    after the leading timestamp field. It is reused only on the same sequence
+    generation: interned tables only grow (a redefinition is ignored), so a
+    lookup that succeeded once gives the same answer until the next clear.
+    """
+
+    __slots__ = (
+        "category",
+        "clock",
+        "generation",
+        "kind",
+        "name",
+        "seq",
+        "seq_id",
+        "uuid",
+        "value",
+    )
+
+    def __init__(
+        self,
+        seq: _Sequence,
+        seq_id: int,
+        clock: int,
+        kind: int,
+        uuid: int,
+        name: str | None,
+        category: str | None,
+        value: int | float,
+    ) -> None:
+        self.seq = seq
+        self.seq_id = seq_id
+        self.generation = seq.generation
+        self.clock = clock
+        self.kind = kind
+        self.uuid = uuid
+        self.name = name
+        self.category = category
+        self.value = value
+
+
+#: At most this many cached packet decodings (see _Template).
+_TEMPLATE_LIMIT = 65536
+#: The TracePacket fields a cacheable packet may have.
+_SIMPLE_PACKET_FIELDS = frozenset(
+    {"timestamp", "timestamp_clock_id", "trusted_packet_sequence_id", "track_event"}
+)
+#: The TrackEvent fields a cacheable event may have.
+_SIMPLE_EVENT_FIELDS = frozenset(
+    {
+        "type",
+        "track_uuid",
+        "name",
+        "name_iid",
+        "categories",
+        "category_iids",
+        "counter_value",
+        "double_counter_value",
+    }
+)
 
 
 class _Skip(Exception):
@@ -192,6 +271,8 @@ class _Reader:
         self.converted_any = False
         self.global_snapshots: list[dict[int, tuple[int, int]]] = []
         self.latest_ts = 0
+        self.problem_total = 0
+        self.templates: dict[bytes, _Template] = {}
         self.track_where: dict[int, tuple[int, int, int | None]] = {}
         self.packet_index = 0
         # Where the packet being read is: (packet index, file offset, bundle offset).
@@ -204,6 +285,7 @@ class _Reader:
     ) -> None:
         index, offset, inner = self.where if where is None else where
         found = Problem(kind, message, index, offset, inner)
+        self.problem_total += 1
         if self.strict:
             raise TraceReadError(f"{self.what}: {found}")
         counts = self.model.problem_counts
@@ -279,13 +361,34 @@ class _Reader:
             if length > end - q:
                 self.cut(data, pos, q, file_offset, bundle_offset)
                 return
-            record = data[q : q + length]
+            start = pos
+            stop = pos = q + length
             if in_bundle:
-                self.where = (self.packet_index, file_offset, pos)
+                self.where = (self.packet_index, file_offset, start)
             else:
-                self.where = (self.packet_index, pos, None)
-            self.record(record, pos == 0 and not in_bundle)
-            pos = q + length
+                self.where = (self.packet_index, start, None)
+            # The fast path: a packet whose bytes after its leading timestamp
+            # field were seen before (see _Template).
+            key = None
+            raw = 0
+            if length > 2 and data[q] == 0x40:
+                j = q + 1
+                shift = 0
+                while j < stop and shift < 64:
+                    byte = data[j]
+                    j += 1
+                    raw |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        key = data[j:stop]
+                        break
+                    shift += 7
+            if key is not None:
+                template = self.templates.get(key)
+                if template is not None and template.generation == template.seq.generation:
+                    self.packet_index += 1
+                    self.replay(template, raw)
+                    continue
+            self.record(data[q:stop], start == 0 and not in_bundle, key, raw)
 
     def cut(
         self,
@@ -310,7 +413,9 @@ class _Reader:
             )
         self.model.truncated = True
 
-    def record(self, record: bytes, first: bool) -> None:
+    def record(self, record: bytes, first: bool, key: bytes | None, raw: int) -> None:
+        """Decode and tokenize one record; ``key`` and ``raw`` are its bytes after
+        a leading timestamp field and that timestamp (key None if it has none)."""
         try:
             packet = _parse_packet(record)
         except DecodeError as exc:
@@ -337,8 +442,70 @@ class _Reader:
             self.bundle(packet.compressed_packets, offset)
             return
         self.packet_index += 1
-        with contextlib.suppress(_Skip):
+        problems = self.problem_total
+        events = len(self.events)
+        counters = len(self.counters)
+        try:
             self.tokenize(packet)
+        except _Skip:
+            return
+        if (
+            key is not None
+            and self.problem_total == problems
+            and len(self.templates) < _TEMPLATE_LIMIT
+        ):
+            self.remember(packet, key, raw, events, counters)
+
+    def remember(
+        self, packet: pb.TracePacket, key: bytes, raw: int, events: int, counters: int
+    ) -> None:
+        """Cache what ``packet`` decoded to, if it is simple enough (see _Template)."""
+        if packet.timestamp != raw or packet.WhichOneof("data") != "track_event":
+            return  # e.g. a second timestamp field later in the packet
+        if any(f.name not in _SIMPLE_PACKET_FIELDS for f, _ in packet.ListFields()):
+            return
+        event = packet.track_event
+        if any(f.name not in _SIMPLE_EVENT_FIELDS for f, _ in event.ListFields()):
+            return
+        seq_id = packet.trusted_packet_sequence_id
+        seq = self.sequences[seq_id]
+        clock = packet.timestamp_clock_id or seq.clock_default
+        if len(self.events) == events + 1:
+            _, kind, uuid, name, category, _, _, _, _ = self.events[-1]
+            template = _Template(seq, seq_id, clock, kind, uuid, name, category, 0)
+        elif len(self.counters) == counters + 1:
+            sample = self.counters[-1][1]
+            if self.tracks[sample.track_uuid].is_incremental:
+                return
+            template = _Template(
+                seq, seq_id, clock, _COUNTER, sample.track_uuid, None, None, sample.value
+            )
+        else:
+            return
+        self.templates[key] = template
+
+    def replay(self, template: _Template, raw: int) -> None:
+        """Tokenize a packet from its cached decoding and its timestamp."""
+        try:
+            ts = self.convert(raw, template.clock, template.seq_id, template.seq)
+        except _Skip:
+            return
+        if template.kind == _COUNTER:
+            self.counters.append((ts, CounterSample(template.uuid, ts, template.value)))
+        else:
+            self.events.append(
+                (
+                    ts,
+                    template.kind,
+                    template.uuid,
+                    template.name,
+                    template.category,
+                    None,
+                    (),
+                    (),
+                    self.where,
+                )
+            )
 
     def bundle(self, payload: bytes, offset: int) -> None:
         # 32 + MAX_WBITS: a zlib or gzip header, as trace_processor accepts.
@@ -387,6 +554,7 @@ class _Reader:
                 seq.clear()
             elif packet.previous_packet_dropped:
                 seq.valid = False
+                seq.generation += 1
         if has("trace_packet_defaults"):
             if seq is None:
                 self.problem(
@@ -395,6 +563,7 @@ class _Reader:
                 )
             else:
                 defaults = packet.trace_packet_defaults
+                seq.generation += 1
                 seq.clock_default = defaults.timestamp_clock_id
                 event_defaults = defaults.track_event_defaults
                 seq.track_default = (
@@ -513,10 +682,13 @@ class _Reader:
 
     def timestamp(self, packet: pb.TracePacket, seq_id: int, seq: _Sequence | None) -> int:
         """The packet's timestamp in trace time (advancing incremental clocks); or _Skip."""
-        raw = packet.timestamp
         clock = packet.timestamp_clock_id
         if not clock and seq is not None:
             clock = seq.clock_default
+        return self.convert(packet.timestamp, clock, seq_id, seq)
+
+    def convert(self, raw: int, clock: int, seq_id: int, seq: _Sequence | None) -> int:
+        """``raw`` on ``clock`` (0: none) in trace time; raises _Skip if it cannot be."""
         self.converted_any = True
         if not clock or clock == self.trace_clock:
             ts = raw
