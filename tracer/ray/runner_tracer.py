@@ -201,6 +201,8 @@ class RunnerTracer:
         self._stages: dict[int, _StageState] = {}
         self._nodes: dict[str, _Node] = {}
         self._pending_metrics: list[_TaskState] = []
+        # Tasks whose measurements may come through the metrics actor, by id (for their flow).
+        self._actor_tasks: dict[str, _TaskState] = {}
         self._lost_measurements = 0
 
         totals = cluster_resources or {}
@@ -409,6 +411,8 @@ class RunnerTracer:
             state.attempt = old.attempt + 1
             self._finish_task(old, now, {L.ARG_STATUS: "superseded"})
         self._tasks[state.task_id] = state
+        if self._metrics_actor is not None:
+            self._actor_tasks[state.task_id] = state
         args: dict[str, Any] = {
             L.ARG_TASK_ID: state.task_id,
             L.ARG_STAGE_ID: stage_id,
@@ -448,6 +452,7 @@ class RunnerTracer:
         state = self._tasks.get(str(task_id))
         if state is not None:
             state.metrics_ref = ref
+            self._actor_tasks.pop(state.task_id, None)
 
     def task_not_ready(self, task_id: str) -> None:
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
@@ -489,7 +494,8 @@ class RunnerTracer:
             state.metrics_ref = None
             self._finish_task(state, now, {L.ARG_STATUS: "failed", **err})
         metrics = _metrics_from_error(error)
-        if metrics is not None:
+        # An error raised by an upstream task carries that task's measurements, not ours.
+        if metrics is not None and str(metrics.get("task_id")) == str(task_id):
             metrics.setdefault("error_type", err[L.ARG_ERROR_TYPE])
             metrics.setdefault("error", err[L.ARG_ERROR])
             self._write_execution(metrics, state)
@@ -536,6 +542,8 @@ class RunnerTracer:
                     if metrics is None:
                         self._lost(state.task_id, f"{type(exc).__name__}")
                         continue
+                    if str(metrics.get("task_id")) != state.task_id:
+                        continue  # never ran: an upstream task failed (these are its measurements)
                 self._write_execution(metrics, state)
         if self._metrics_actor is not None:
             import ray
@@ -547,7 +555,8 @@ class RunnerTracer:
                 self._lost("*", f"metrics actor unreachable ({type(exc).__name__})")
                 items = []
             for metrics in items:
-                self._write_execution(metrics, None)
+                task = self._actor_tasks.pop(str(metrics.get("task_id")), None)
+                self._write_execution(metrics, task)
 
     def _lost(self, task_id: str, why: str) -> None:
         self._lost_measurements += 1
@@ -689,6 +698,7 @@ class RunnerTracer:
             self._finish_task(state, now, {L.ARG_STATUS: "unfinished"})
         self._tasks.clear()
         self._pending_metrics.clear()
+        self._actor_tasks.clear()
         for stage in self._stages.values():
             self._write_stage(stage)
         args: dict[str, Any] = {"lost_measurements": self._lost_measurements}

@@ -23,6 +23,7 @@ measurements to a dead actor.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import resource
@@ -35,6 +36,13 @@ from tracer.ray.levels import TracingLevel, resolve_level
 Metrics = dict[str, Any]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+#: The metrics of the task being measured in this context, if any: a task that
+#: is already measured (a traced call) is not measured again by
+#: :func:`collect_ray_task_metrics` in its body.
+_CURRENT: contextvars.ContextVar[Metrics | None] = contextvars.ContextVar(
+    "tracer_task_metrics", default=None
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +103,7 @@ def measure_task(
     metrics["rss_start"] = current_rss()
     memory = _memory_tracker(ctx, metrics)
     metrics["start_ns"] = time.time_ns()
+    token = _CURRENT.set(metrics)
     try:
         with memory:
             yield metrics
@@ -106,6 +115,8 @@ def measure_task(
             exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
         _deliver(sink, metrics)
         raise
+    finally:
+        _CURRENT.reset(token)
     _finish(metrics, peak_before)
     _deliver(sink, metrics)
 
@@ -153,7 +164,14 @@ def collect_ray_task_metrics(
     ``collect_ray_task_metrics``): the measurements go to the execution's
     metrics actor, which the driver drains every wave. ``level`` defaults to
     ``$TRACER_ENABLE_RAY_TRACING`` as seen by the worker; at 0 this does nothing.
+    Inside a task that is already measured (dispatched through
+    :class:`~tracer.ray.RayFunctionWrapper`, as a Daft-style runner does) it
+    yields that task's metrics and measures nothing twice.
     """
+    current = _CURRENT.get()
+    if current is not None:
+        yield current
+        return
     lvl = resolve_level(level)
     if lvl == TracingLevel.OFF:
         yield None
