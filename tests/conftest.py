@@ -1,0 +1,121 @@
+"""Shared fixtures: one local Ray instance for the whole run, a two-node cluster on demand.
+
+Only one Ray cluster can be connected per process, so a session-scoped
+manager owns the connection and switches between the two:
+
+* ``ray_local`` (module scope): a single node with 2 CPUs, started once and
+  reused by every module that asks for it;
+* ``ray_cluster`` (module scope): a ``ray.cluster_utils.Cluster`` with a head
+  and one worker node, 1 CPU each. It disconnects the local instance first;
+  the next module that asks for ``ray_local`` starts it again.
+
+Tests that use ``ray_cluster`` are moved to the end of the run, so the switch
+happens once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+#: Object store of every Ray node the tests start (75 MiB: small and quick to start).
+OBJECT_STORE_MEMORY = 78643200
+
+_TESTS = Path(__file__).resolve().parent
+
+
+def _worker_env() -> dict[str, Any]:
+    """Ray workers import test modules by name (functions defined in them are pickled by
+    reference): put every folder holding tests on their path."""
+    folders = sorted({str(p.parent) for p in _TESTS.rglob("test_*.py")})
+    old = os.environ.get("PYTHONPATH")
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(folders + ([old] if old else []))}}
+
+
+class RayManager:
+    """Owns this process's Ray connection: the local instance or the two-node cluster."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None
+        self.cluster: Any = None
+
+    def local(self) -> None:
+        import ray
+
+        if self.mode == "local" and ray.is_initialized():
+            return
+        self.shutdown()
+        ray.init(
+            num_cpus=2,
+            object_store_memory=OBJECT_STORE_MEMORY,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=_worker_env(),
+        )
+        self.mode = "local"
+
+    def two_nodes(self) -> Any:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        if self.mode == "cluster" and ray.is_initialized():
+            return self.cluster
+        self.shutdown()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "object_store_memory": OBJECT_STORE_MEMORY,
+                "include_dashboard": False,
+            },
+        )
+        try:
+            cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_MEMORY)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, log_to_driver=False, runtime_env=_worker_env())
+        except BaseException:
+            cluster.shutdown()
+            raise
+        self.cluster = cluster
+        self.mode = "cluster"
+        return cluster
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.cluster is not None:
+            cluster, self.cluster = self.cluster, None
+            cluster.shutdown()
+        self.mode = None
+
+
+@pytest.fixture(scope="session")
+def ray_manager() -> Iterator[RayManager]:
+    manager = RayManager()
+    yield manager
+    manager.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(ray_manager: RayManager) -> None:
+    """A local Ray instance: 2 CPUs, 75 MiB object store, no dashboard."""
+    ray_manager.local()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_manager: RayManager) -> Any:
+    """A two-node ``ray.cluster_utils.Cluster`` (1 CPU each), connected; yields the cluster."""
+    return ray_manager.two_nodes()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that use the two-node cluster last (one switch of Ray connection)."""
+    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))

@@ -1,0 +1,248 @@
+"""Checks of a runner trace shared by the Ray-layer tests.
+
+A trace is read with :func:`tracer.format.reader.read_trace` and checked
+against the names contract in :mod:`tracer.ray.layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tracer.format.model import Instant, Slice, TraceModel, TrackInfo
+from tracer.format.reader import read_trace
+from tracer.ray import layout as L
+
+CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION}
+LOOP_CHILDREN = {
+    L.SLICE_PLAN_POLLING,
+    L.SLICE_BATCHING,
+    L.SLICE_DISPATCHING,
+    L.SLICE_AWAITING,
+    L.SLICE_NOOP_TASK,
+}
+
+
+def load(path: str | Path) -> TraceModel:
+    """Read a trace that must have no problem at all (nothing trace_processor would drop)."""
+    model = read_trace(path)
+    assert not model.problems, [str(p) for p in model.problems]
+    assert not model.truncated
+    return model
+
+
+@dataclasses.dataclass
+class RunnerTrace:
+    """A runner trace split along the layout: scheduler, task lanes, stages, nodes."""
+
+    model: TraceModel
+    scheduler: TrackInfo
+    loop: TrackInfo
+    counters: dict[str, TrackInfo]
+    tasks_root: TrackInfo
+    lanes: list[TrackInfo]
+    stages_root: TrackInfo
+    stage_tracks: list[TrackInfo]
+    nodes: list[TrackInfo]
+    workers: dict[int, list[TrackInfo]]  # node uuid -> its worker threads
+
+    def on(self, track: TrackInfo) -> list[Slice]:
+        return self.model.slices_on(track.uuid)
+
+    @property
+    def loop_slices(self) -> list[Slice]:
+        return self.on(self.loop)
+
+    @property
+    def task_slices(self) -> list[Slice]:
+        """The outer slice of every task (created to received), on any lane."""
+        return [s for lane in self.lanes for s in self.on(lane) if s.depth == 0]
+
+    @property
+    def dispatched_slices(self) -> list[Slice]:
+        return [s for lane in self.lanes for s in self.on(lane) if s.depth == 1]
+
+    @property
+    def stage_slices(self) -> list[Slice]:
+        return [s for t in self.stage_tracks for s in self.on(t)]
+
+    @property
+    def executions(self) -> list[Slice]:
+        """Every execution slice, on worker threads (and their overlap lanes)."""
+        return [s for s in self.model.slices if s.category == L.CAT_EXECUTION]
+
+    def counter_values(self, name: str) -> list[int | float]:
+        return [c.value for c in self.model.counters_on(self.counters[name].uuid)]
+
+    def node_of(self, execution: Slice) -> TrackInfo:
+        """The node process an execution ran on."""
+        track: TrackInfo | None = self.model.tracks[execution.track_uuid]
+        while track is not None and track.kind != "process":
+            track = self.model.parent_of(track.uuid)
+        assert track is not None and track.name is not None
+        assert track.name.startswith(L.NODE_PROCESS_PREFIX + " "), track
+        return track
+
+
+def split(model: TraceModel) -> RunnerTrace:
+    """Find the layout's tracks, asserting its shape on the way."""
+    top = model.children(None)
+    schedulers = [
+        t for t in top if t.kind == "process" and (t.name or "").startswith(L.SCHEDULER_PROCESS)
+    ]
+    assert len(schedulers) == 1, [t.name for t in top]
+    scheduler = schedulers[0]
+    under = model.children(scheduler.uuid)
+    loops = [t for t in under if t.kind == "thread"]
+    assert [t.name for t in loops] == [L.DISPATCH_LOOP_THREAD]
+    counters = {t.name or "": t for t in under if t.kind == "counter"}
+    assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= set(counters), counters
+
+    (tasks_root,) = [t for t in top if t.kind == "track" and t.name == L.TASKS_TRACK]
+    lanes = model.children(tasks_root.uuid)
+    assert lanes, "no task lanes"
+    assert {t.name for t in lanes} == {L.TASK_LANE}
+    (stages_root,) = [t for t in top if t.kind == "track" and t.name == L.STAGES_TRACK]
+    assert stages_root.child_ordering == "explicit"
+    stage_tracks = model.children(stages_root.uuid)
+
+    nodes = [t for t in top if t.kind == "process" and t is not scheduler]
+    assert all((t.name or "").startswith(L.NODE_PROCESS_PREFIX + " ") for t in nodes), nodes
+    workers = {n.uuid: [t for t in model.children(n.uuid) if t.kind == "thread"] for n in nodes}
+    for threads in workers.values():
+        assert all((t.name or "").startswith(L.WORKER_THREAD_PREFIX + " ") for t in threads)
+    assert len(top) == 3 + len(nodes), [t.name for t in top]
+    return RunnerTrace(
+        model, scheduler, loops[0], counters, tasks_root, lanes, stages_root, stage_tracks,
+        nodes, workers,
+    )
+
+
+def check_well_formed(model: TraceModel) -> None:
+    """Every slice closed, one known category each, children inside their parents."""
+    by_id = {s.id: s for s in model.slices}
+    for s in model.slices:
+        assert s.dur is not None and s.dur >= 0, s
+        assert s.category in CATEGORIES, s
+        if s.parent_id is not None:
+            parent = by_id[s.parent_id]
+            assert parent.ts <= s.ts and s.ts + s.dur <= parent.ts + (parent.dur or 0), (parent, s)
+    for i in model.instants:
+        assert i.category in CATEGORIES, i
+
+
+def check_runner_trace(
+    path: str | Path, stages: dict[str, int], *, return_channel: bool = True
+) -> RunnerTrace:
+    """All the checks that hold for any complete, successful traced execution.
+
+    ``stages`` maps each stage name (in stage-id order) to its number of tasks.
+    """
+    model = load(path)
+    check_well_formed(model)
+    rt = split(model)
+    total = sum(stages.values())
+
+    # Stages: one track per stage, explicitly ordered, one slice each.
+    assert [t.name for t in rt.stage_tracks] == [f"{i}: {n}" for i, n in enumerate(stages)]
+    assert [t.sibling_order_rank for t in rt.stage_tracks] == list(range(len(stages)))
+    assert all(t.sibling_merge_behavior == "none" for t in rt.stage_tracks)
+    for i, (name, num_tasks) in enumerate(stages.items()):
+        (stage,) = rt.on(rt.stage_tracks[i])
+        assert (stage.name, stage.category) == (name, L.CAT_STAGE)
+        assert stage.args[L.ARG_STAGE_ID] == i
+        assert stage.args["num_tasks"] == num_tasks
+        assert len(stage.flow_ids_out) == num_tasks
+
+    # Dispatch loop: one execution slice holding the waves, which hold the phases.
+    loop = rt.loop_slices
+    roots = [s for s in loop if s.depth == 0]
+    assert [s.name for s in roots] == [L.SLICE_EXECUTION]
+    by_id = {s.id: s for s in loop}
+    waves = [s for s in loop if s.depth == 1]
+    assert waves and {s.name for s in waves} == {L.SLICE_WAVE}
+    assert [s.args["wave"] for s in waves] == list(range(len(waves)))
+    for s in loop:
+        assert s.category == L.CAT_SCHEDULER
+        if s.depth >= 2:
+            assert s.name in LOOP_CHILDREN, s
+        if s.name == L.SLICE_PLAN_POLLING:
+            assert by_id[s.parent_id].name == L.SLICE_BATCHING, s  # type: ignore[index]
+        elif s.depth == 2:
+            assert by_id[s.parent_id].name == L.SLICE_WAVE, s  # type: ignore[index]
+    phases = Counter(s.name for s in loop)
+    for phase in (L.SLICE_BATCHING, L.SLICE_PLAN_POLLING, L.SLICE_DISPATCHING, L.SLICE_AWAITING):
+        assert phases[phase] >= 1, phases
+    assert phases[L.SLICE_DISPATCHING] <= len(waves)
+    for s in loop:
+        if s.name == L.SLICE_AWAITING:
+            assert s.args["num_returns"] >= 1 and s.args["timeout_s"] > 0, s
+            assert "num_ready" in s.args, s
+
+    # Task lanes: an outer slice per task holding exactly one "dispatched"; no overlap.
+    tasks = rt.task_slices
+    assert len(tasks) == total
+    assert len({s.args[L.ARG_TASK_ID] for s in tasks}) == total
+    assert Counter(s.name for s in tasks) == Counter(stages)
+    for lane in rt.lanes:
+        slices = rt.on(lane)
+        assert all(s.depth <= 1 for s in slices), slices
+        outer = sorted((s for s in slices if s.depth == 0), key=lambda s: s.ts)
+        for a, b in itertools.pairwise(outer):
+            assert a.ts + (a.dur or 0) <= b.ts, (a, b)
+        for s in outer:
+            assert s.category == L.CAT_TASK
+            inner = [c for c in slices if c.parent_id == s.id]
+            assert [(c.name, c.category) for c in inner] == [(L.SLICE_DISPATCHED, L.CAT_TASK)], s
+    stage_ids = {name: i for i, name in enumerate(stages)}
+    for s in tasks:
+        assert s.args[L.ARG_STAGE] == s.name
+        assert s.args[L.ARG_STAGE_ID] == stage_ids[s.name]
+        request = s.args[L.ARG_RESOURCE_REQUEST]
+        assert set(request) == {"num_cpus", "num_gpus", "memory_bytes"}, request
+
+    # Flows: from each stage's slice to every execution of that stage's tasks.
+    check_executions(rt, stages)
+    return rt
+
+
+def check_executions(rt: RunnerTrace, stages: dict[str, int]) -> None:
+    """One execution per task, inside its dispatched slice, with a flow from its stage."""
+    model = rt.model
+    executions = rt.executions
+    assert len(executions) == sum(stages.values())
+    dispatched = {
+        model.slice_by_id(d.parent_id).args[L.ARG_TASK_ID]: d  # type: ignore[arg-type]
+        for d in rt.dispatched_slices
+    }
+    task_of = {s.args[L.ARG_TASK_ID]: s for s in rt.task_slices}
+    flows_into: dict[int, list[int]] = {}
+    for flow in model.flows:
+        flows_into.setdefault(flow.dest_id, []).append(flow.source_id)
+    stage_slice = {s.name: s for s in rt.stage_slices}
+    for e in executions:
+        task_id = e.args[L.ARG_TASK_ID]
+        task = task_of[task_id]
+        assert e.name == task.name
+        rt.node_of(e)
+        d = dispatched[task_id]
+        assert d.ts <= e.ts and e.ts + (e.dur or 0) <= d.ts + (d.dur or 0), (d, e)
+        assert isinstance(e.args[L.ARG_RAY_TASK_ID], str) and len(e.args[L.ARG_RAY_TASK_ID]) > 16
+        assigned = e.args[L.ARG_ASSIGNED_RESOURCES]
+        request = task.args[L.ARG_RESOURCE_REQUEST]
+        if request["num_cpus"]:
+            assert assigned["CPU"] == request["num_cpus"], (assigned, request)
+        assert flows_into.get(e.id) == [stage_slice[e.name].id], e
+    # Every flow leaves a stage slice and ends on an execution.
+    by_id: dict[int, Slice | Instant] = {s.id: s for s in model.slices}
+    for flow in model.flows:
+        assert by_id[flow.source_id].category == L.CAT_STAGE
+        assert by_id[flow.dest_id].category == L.CAT_EXECUTION
+    assert len(model.flows) == len(executions)
+
+
+def args_of(slices: list[Slice], key: str) -> list[Any]:
+    return [s.args.get(key) for s in slices]

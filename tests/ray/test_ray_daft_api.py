@@ -1,0 +1,158 @@
+"""The Daft-style API: a hand-written dispatch loop instrumented like Daft's RayRunner.
+
+It uses ``dispatch_wave`` metrics, :class:`MaterializedPlanWrapper`,
+:class:`RayModuleWrapper`, :class:`RayFunctionWrapper` and tasks that wrap
+their body in :func:`collect_ray_task_metrics` (the actor channel).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray_trace_checks import check_runner_trace
+
+from tracer.ray import (
+    MaterializedPlanWrapper,
+    RayFunctionWrapper,
+    RayModuleWrapper,
+    ResourceRequest,
+    collect_ray_task_metrics,
+    ray_tracer,
+)
+from tracer.ray import layout as L
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+NUM_TASKS = 6
+
+
+@ray.remote
+def build(execution_id: str, task_id: str, stage_id: int, x: int) -> int:
+    """A task body as in Daft: measured by ``collect_ray_task_metrics`` itself."""
+    with collect_ray_task_metrics(execution_id, task_id, stage_id, level=1) as metrics:
+        time.sleep(0.01)
+        if metrics is not None:
+            metrics["rows"] = x
+        return x * 10
+
+
+def _describe(item: tuple[str, int]) -> tuple[str, int, Any, str | None]:
+    task_id, _ = item
+    return task_id, 0, ResourceRequest(num_cpus=1, memory_bytes=1 << 20), "build"
+
+
+def _daft_loop(
+    tracer: Any, execution_id: str, submit: Callable[[Any, str, int], Any]
+) -> dict[str, int]:
+    """Waves of: poll the plan into a batch, dispatch it, wait, record what is ready."""
+    items = [(f"t{i}", i) for i in range(NUM_TASKS)]
+    plan = MaterializedPlanWrapper(iter(items), tracer, _describe)
+    ray_wrapper = RayModuleWrapper(tracer)
+    inflight: dict[Any, str] = {}
+    results: dict[str, int] = {}
+    plan_done = False
+    wave = 0
+    while not plan_done or inflight:
+        with tracer.dispatch_wave(wave) as wave_metrics:
+            batch = []
+            with tracer.dispatch_batching():
+                while len(batch) + len(inflight) < 2:
+                    try:
+                        item = next(plan)
+                    except StopIteration:
+                        plan_done = True
+                        tracer.mark_handle_none_task()
+                        break
+                    tracer.mark_handle_task_add_to_batch()
+                    batch.append(item)
+            if batch:
+                with tracer.dispatching():
+                    for task_id, x in batch:
+                        inflight[submit(tracer, task_id, x)] = task_id
+                        tracer.mark_dispatch_task()
+                tracer.count_inflight_tasks(len(inflight))
+            with tracer.awaiting(1, 5.0) as update:
+                ready, not_ready = ray_wrapper.wait(
+                    dict(inflight), list(inflight), num_returns=1, timeout=5.0
+                )
+                update(num_ready=len(ready))
+            for ref in not_ready:
+                tracer.task_not_ready(inflight[ref])
+            for ref in ready:
+                results[inflight.pop(ref)] = ray.get(ref)
+                tracer.mark_handle_materialized_result()
+            tracer.count_inflight_tasks(len(inflight))
+            wave_metrics(dispatched=len(batch), received=len(ready), daft_metric="x")
+        wave += 1
+    tracer.stage_done(0)
+    return results
+
+
+def _check(path: Path) -> None:
+    rt = check_runner_trace(path, {"build": NUM_TASKS})
+    waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
+    assert {s.args["daft_metric"] for s in waves} == {"x"}
+    assert sum(s.args["dispatched"] for s in waves) == NUM_TASKS
+    polls = [s for s in rt.loop_slices if s.name == L.SLICE_PLAN_POLLING]
+    # One poll per task, and a last one that ended the plan (StopIteration: no item type).
+    assert [s.args.get("next_item_type") for s in polls] == ["tuple"] * NUM_TASKS + [None]
+    for task in rt.task_slices:
+        assert task.args[L.ARG_INSTRUCTIONS] == "build"
+        assert task.args[L.ARG_RESOURCE_REQUEST] == {
+            "num_cpus": 1, "num_gpus": 0, "memory_bytes": 1 << 20,
+        }
+    for e in rt.executions:
+        assert e.args["memory_requested"] == 1 << 20
+    (execution,) = [s for s in rt.loop_slices if s.depth == 0]
+    assert execution.args["lost_measurements"] == 0
+
+
+def test_daft_port_wrapped_calls_measured_once(tmp_path: Path) -> None:
+    """RayFunctionWrapper plus collect_ray_task_metrics in the task: one execution per task."""
+    path = tmp_path / "daft.perfetto-trace"
+
+    def submit(tracer: Any, task_id: str, x: int) -> Any:
+        fn = RayFunctionWrapper.wrap(build).with_tracing(tracer, task_id)
+        return fn.options(num_cpus=1, memory=1 << 20).remote(tracer.execution_id, task_id, 0, x)
+
+    with ray_tracer("daft-wrapped", level=1, path=path, metrics_actor=True) as tracer:
+        results = _daft_loop(tracer, "daft-wrapped", submit)
+    assert results == {f"t{i}": 10 * i for i in range(NUM_TASKS)}
+    _check(path)
+
+
+def test_daft_actor_channel(tmp_path: Path) -> None:
+    """Plain Ray calls, measured only by collect_ray_task_metrics through the metrics actor."""
+    path = tmp_path / "daft-actor.perfetto-trace"
+
+    def submit(tracer: Any, task_id: str, x: int) -> Any:
+        tracer.task_dispatched(task_id)
+        return build.options(num_cpus=1, memory=1 << 20).remote(
+            tracer.execution_id, task_id, 0, x
+        )
+
+    with ray_tracer("daft-actor", level=1, path=path, metrics_actor=True) as tracer:
+        results = _daft_loop(tracer, "daft-actor", submit)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        assert "tracer-metrics-daft-actor" in names
+    assert results == {f"t{i}": 10 * i for i in range(NUM_TASKS)}
+    _check(path)
+    # The actor is gone with the execution.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        if "tracer-metrics-daft-actor" not in names:
+            break
+        time.sleep(0.1)
+    assert "tracer-metrics-daft-actor" not in names
+
+
+def test_collect_ray_task_metrics_off_without_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRACER_ENABLE_RAY_TRACING", raising=False)
+    with collect_ray_task_metrics("none", "t0", 0) as metrics:
+        assert metrics is None
