@@ -10,9 +10,10 @@ Why it looks the way it does:
   and the interning tables and per-event byte caches stop growing at a cap.
 * **Cheap per event.** The hot path (:meth:`begin`, :meth:`end`,
   :meth:`instant`, :meth:`counter`) appends bytes built protozero-style from
-  cached per-(track, name) bodies: a dict lookup, a varint and one ``+=``. It
-  does not validate; events whose track, name or category are seen for the
-  first time take a slow path that does.
+  cached per-(track, name) bodies framed ahead: two dict lookups and two or
+  three ``+=`` of prebuilt bytes (the timestamp delta's varint comes from
+  tables). It does not validate; events whose track, name or category are seen
+  for the first time take a slow path that does.
 * **Compact.** Names, categories, annotation names and repeated string values
   are interned per sequence; timestamps are delta-encoded through an
   incremental clock (id 64) anchored by a ClockSnapshot that also records
@@ -31,11 +32,12 @@ The writer is not thread-safe: serialise calls from several threads yourself
 from __future__ import annotations
 
 import os
+import struct
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from tracer.errors import TraceWriteError, TraceWriterClosedError, UnknownTrackError
 from tracer.format._wire import (
@@ -90,6 +92,69 @@ _MAX_INTERNED_VALUE_LEN = 256
 _SEEN_ONCE_LIMIT = 8192
 #: Nested dicts and lists in annotations deeper than this are refused.
 MAX_ARG_DEPTH = 32
+
+# Hot-path tables and framing. A cached event is written as one packet:
+# ``0A <length> 40 <timestamp delta varint> <body>`` (Trace.packet, then
+# TracePacket.timestamp and the other fields), built from pieces framed ahead
+# so that an event appends three slices and allocates nothing but the delta:
+#
+# * delta < 2**7 (1 varint byte):   row1[delta], body
+# * delta < 2**14 (2 bytes):        head2, VARINT_TABLE[delta], body
+# * delta < 2**21 (3 bytes, 2 ms):  row3[delta & 0x7F], VARINT_TABLE[delta >> 7], body
+#
+# where a row holds the packet head followed by each possible first delta byte
+# (the 3-byte varint of d is ``(d & 0x7F) | 0x80`` then the 2-byte varint of
+# ``d >> 7``, which is a VARINT_TABLE entry since 2**7 <= d >> 7 < 2**14).
+_VT = VARINT_TABLE
+_DOUBLE = struct.Struct("<d")
+#: The low 14 bits of a longer varint: two bytes, both with the continuation bit.
+_VARINT_CONT2: list[bytes] = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14)]
+
+
+class _Row(Protocol):
+    def __getitem__(self, index: int, /) -> bytes: ...
+
+
+class _ComputedRow:
+    """A row for a packet too long to share a precomputed one (a rare, long body)."""
+
+    __slots__ = ("flag", "head")
+
+    def __init__(self, head: bytes, flag: int) -> None:
+        self.head = head
+        self.flag = flag
+
+    def __getitem__(self, index: int, /) -> bytes:
+        return self.head + bytes((index | self.flag,))
+
+
+_ROWS: dict[tuple[int, int], list[bytes]] = {}
+
+
+def _head(length: int) -> bytes:
+    """``Trace.packet`` tag, the packet length and the ``TracePacket.timestamp`` tag."""
+    return b"\x0a" + varint(length) + b"\x40"
+
+
+def _row(length: int, flag: int) -> _Row:
+    """The heads of a packet of ``length`` bytes, each with a first delta byte."""
+    if length >= 128:
+        return _ComputedRow(_head(length), flag)
+    row = _ROWS.get((length, flag))
+    if row is None:  # at most 2 x 128 rows of 128 heads (~1 MB) in a process
+        head = _head(length)
+        row = _ROWS[length, flag] = [head + bytes((i | flag,)) for i in range(128)]
+    return row
+
+
+#: ``(row1, head2, row3, body)``, see above.
+_Frames = tuple[_Row, bytes, _Row, bytes]
+
+
+def _frames(body: bytes, extra: int = 0) -> _Frames:
+    """The pieces of a packet ``head + delta + body`` (+ ``extra`` more bytes)."""
+    n = 1 + len(body) + extra  # the timestamp tag, the body and what follows
+    return _row(n + 1, 0), _head(n + 2), _row(n + 3, 0x80), body
 
 
 class Track:
@@ -204,11 +269,14 @@ class TraceWriter:
         self._pids: dict[int, Track] = {}
         self._tids: dict[tuple[int, int], Track] = {}
         self._ordering_root_written = False
-        self._counter_prefix: dict[Track, bytes] = {}
+        # Hot-path caches (see begin/end/instant/counter): keyed by track first,
+        # then by name (or (name, category)), so a lookup allocates nothing.
+        self._end_frames: dict[Track, _Frames] = {}
+        self._counter_bodies: dict[Track, tuple[_Frames, ...]] = {}
         self._counter_last: dict[Track, object] = {}
-
-        self._begin_cache: dict[tuple[Track, str, str | None], bytes] = {}
-        self._instant_cache: dict[tuple[Track, str, str | None], bytes] = {}
+        self._begin_cache: dict[Track, dict[str | tuple[str, str], _Frames]] = {}
+        self._instant_cache: dict[Track, dict[str | tuple[str, str], _Frames]] = {}
+        self._cache_sizes = {_BEGIN: 0, _INSTANT: 0}
         self._names: dict[str, int] = {}
         self._categories: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
@@ -243,9 +311,9 @@ class TraceWriter:
 
     def _new_track(self, track: Track, descriptor: bytes) -> None:
         self._buf += packet(field_bytes(60, descriptor) + self._seq)
-        self._tracks[track] = (
-            self._seq + b"\x5a" + _len_prefixed(b"\x48\x02\x58" + varint(track.uuid))
-        )
+        end_body = self._seq + b"\x5a" + _len_prefixed(b"\x48\x02\x58" + varint(track.uuid))
+        self._tracks[track] = end_body
+        self._end_frames[track] = _frames(end_body)
 
     def _take_uuid(self) -> int:
         uuid = self._next_uuid
@@ -363,7 +431,18 @@ class TraceWriter:
         desc = field_varint(1, track.uuid) + field_string(2, name) + field_bytes(8, counter)
         desc += self._common_fields(parent_uuid, rank, None, description)
         self._new_track(track, desc)
-        self._counter_prefix[track] = b"\x48\x04\x58" + varint(track.uuid)
+        # Framed body of a sample up to its value: [0] for a double value (field
+        # 44, 8 bytes), [k] for an int value whose varint takes k bytes (field 30).
+        prefix = b"\x48\x04\x58" + varint(track.uuid)
+        self._counter_bodies[track] = (
+            _frames(self._seq + b"\x5a" + varint(len(prefix) + 10) + prefix + b"\xe1\x02", 8),
+            *(
+                _frames(
+                    self._seq + b"\x5a" + varint(len(prefix) + 2 + k) + prefix + b"\xf0\x01", k
+                )
+                for k in range(1, 11)
+            ),
+        )
         return track
 
     def _check_parent(self, parent: Track | None) -> int | None:
@@ -453,6 +532,12 @@ class TraceWriter:
             raise ValueError("no packet sequence id left for another counter sequence")
         return CounterSequence(self, sequence_id, tracks, time_unit_ns)
 
+    # The hot path. A cached event is one packet ``head + delta varint + body``
+    # framed ahead (see _frames): per event, two dict lookups (track, then name)
+    # and two or three ``+=`` of prebuilt bytes on the buffer; for a delta under
+    # 2 ms nothing is encoded. Anything else (a longer gap, a late event, a
+    # first occurrence, args or flows) goes through _emit or _event.
+
     def begin(
         self,
         track: Track,
@@ -468,20 +553,32 @@ class TraceWriter:
         if args or flows or terminating_flows:
             self._event(_BEGIN, track, name, ts, category, args, flows, terminating_flows)
             return
-        body = self._begin_cache.get((track, name, category))
-        if body is None:
+        try:
+            frames = self._begin_cache[track][name if category is None else (name, category)]
+        except KeyError:
             self._event(_BEGIN, track, name, ts, category, None, None, None)
             return
         if ts is None:
             ts = self._clock()
         delta = ts - self._last
-        if 0 <= delta < 16384:
+        buf = self._buf
+        if 16383 < delta < 2097152:
+            buf += frames[2][delta & 127]
+            buf += _VT[delta >> 7]
+            buf += frames[3]
             self._last = ts
-            dv = VARINT_TABLE[delta]
-            self._buf += b"\x0a" + VARINT_TABLE[1 + len(dv) + len(body)] + b"\x40" + dv + body
+        elif 127 < delta < 16384:
+            buf += frames[1]
+            buf += _VT[delta]
+            buf += frames[3]
+            self._last = ts
+        elif 0 <= delta < 128:
+            buf += frames[0][delta]
+            buf += frames[3]
+            self._last = ts
         else:
-            self._emit(ts, body)
-        if len(self._buf) >= self._limit:
+            self._emit(ts, frames[3])
+        if len(buf) >= self._limit:
             self._flush_buffer()
 
     def end(
@@ -496,19 +593,31 @@ class TraceWriter:
         if args or flows:
             self._event(_END, track, None, ts, None, args, flows, None)
             return
-        body = self._tracks.get(track)
-        if body is None:
-            raise UnknownTrackError(f"{track!r} was not declared on this writer")
+        try:
+            frames = self._end_frames[track]
+        except KeyError:
+            raise UnknownTrackError(f"{track!r} was not declared on this writer") from None
         if ts is None:
             ts = self._clock()
         delta = ts - self._last
-        if 0 <= delta < 16384:
+        buf = self._buf
+        if 16383 < delta < 2097152:
+            buf += frames[2][delta & 127]
+            buf += _VT[delta >> 7]
+            buf += frames[3]
             self._last = ts
-            dv = VARINT_TABLE[delta]
-            self._buf += b"\x0a" + VARINT_TABLE[1 + len(dv) + len(body)] + b"\x40" + dv + body
+        elif 127 < delta < 16384:
+            buf += frames[1]
+            buf += _VT[delta]
+            buf += frames[3]
+            self._last = ts
+        elif 0 <= delta < 128:
+            buf += frames[0][delta]
+            buf += frames[3]
+            self._last = ts
         else:
-            self._emit(ts, body)
-        if len(self._buf) >= self._limit:
+            self._emit(ts, frames[3])
+        if len(buf) >= self._limit:
             self._flush_buffer()
 
     def instant(
@@ -526,14 +635,32 @@ class TraceWriter:
         if args or flows or terminating_flows:
             self._event(_INSTANT, track, name, ts, category, args, flows, terminating_flows)
             return
-        body = self._instant_cache.get((track, name, category))
-        if body is None:
+        try:
+            frames = self._instant_cache[track][name if category is None else (name, category)]
+        except KeyError:
             self._event(_INSTANT, track, name, ts, category, None, None, None)
             return
         if ts is None:
             ts = self._clock()
-        self._emit(ts, body)
-        if len(self._buf) >= self._limit:
+        delta = ts - self._last
+        buf = self._buf
+        if 16383 < delta < 2097152:
+            buf += frames[2][delta & 127]
+            buf += _VT[delta >> 7]
+            buf += frames[3]
+            self._last = ts
+        elif 127 < delta < 16384:
+            buf += frames[1]
+            buf += _VT[delta]
+            buf += frames[3]
+            self._last = ts
+        elif 0 <= delta < 128:
+            buf += frames[0][delta]
+            buf += frames[3]
+            self._last = ts
+        else:
+            self._emit(ts, frames[3])
+        if len(buf) >= self._limit:
             self._flush_buffer()
 
     def complete(
@@ -559,29 +686,60 @@ class TraceWriter:
 
     def counter(self, track: CounterTrack, value: int | float, ts: int | None = None) -> None:
         """One sample on a counter track (an int, or a float for a double counter)."""
-        prefix = self._counter_prefix.get(track)
-        if prefix is None:
-            raise UnknownTrackError(f"{track!r} is not a counter track declared on this writer")
+        try:
+            bodies = self._counter_bodies[track]
+        except KeyError:
+            raise UnknownTrackError(
+                f"{track!r} is not a counter track declared on this writer"
+            ) from None
         if track.dedupe:
             if self._counter_last.get(track, _MISSING) == value:
                 return
             self._counter_last[track] = value
         if value.__class__ is int:
-            if not _INT64_MIN <= value <= _INT64_MAX:
+            if 0 <= value < 16384:
+                encoded = _VT[value]
+            elif 16384 <= value < 268435456:
+                encoded = _VARINT_CONT2[value & 16383] + _VT[value >> 14]
+            elif _INT64_MIN <= value <= _INT64_MAX:
+                encoded = varint(value)
+            else:
                 raise OverflowError(f"counter value {value} does not fit in int64")
-            event = prefix + b"\xf0\x01" + varint(value)
+            frames = bodies[len(encoded)]
         elif isinstance(value, float):
-            event = prefix + field_double(44, value)
+            encoded = _DOUBLE.pack(value)
+            frames = bodies[0]
         elif isinstance(value, int) and not isinstance(value, bool):
-            event = prefix + b"\xf0\x01" + varint(int(value))
+            encoded = varint(int(value))
+            frames = bodies[len(encoded)]
         else:
             raise TypeError(
                 f"a counter value must be an int or a float, got {type(value).__name__}"
             )
         if ts is None:
             ts = self._clock()
-        self._emit(ts, self._seq + b"\x5a" + VARINT_TABLE[len(event)] + event)
-        if len(self._buf) >= self._limit:
+        delta = ts - self._last
+        buf = self._buf
+        if 16383 < delta < 2097152:
+            buf += frames[2][delta & 127]
+            buf += _VT[delta >> 7]
+            buf += frames[3]
+            buf += encoded
+            self._last = ts
+        elif 127 < delta < 16384:
+            buf += frames[1]
+            buf += _VT[delta]
+            buf += frames[3]
+            buf += encoded
+            self._last = ts
+        elif 0 <= delta < 128:
+            buf += frames[0][delta]
+            buf += frames[3]
+            buf += encoded
+            self._last = ts
+        else:
+            self._emit(ts, frames[3] + encoded)
+        if len(buf) >= self._limit:
             self._flush_buffer()
 
     def _emit(self, ts: int, body: bytes) -> None:
@@ -636,10 +794,15 @@ class TraceWriter:
             for key, value in args.items():
                 event += field_bytes(4, self._annotation(key, value, interned, 0))
         body = self._seq + b"\x5a" + varint(len(event)) + event
-        if cacheable and name is not None:
+        if cacheable and name is not None and self._cache_sizes[kind] < _BODY_CACHE_LIMIT:
             cache = self._begin_cache if kind == _BEGIN else self._instant_cache
-            if len(cache) < _BODY_CACHE_LIMIT:
-                cache[track, name, category] = body
+            per_track = cache.get(track)
+            if per_track is None:
+                per_track = cache[track] = {}
+            cache_key = name if category is None else (name, category)
+            if cache_key not in per_track:
+                per_track[cache_key] = _frames(body)
+                self._cache_sizes[kind] += 1
         if interned:
             body += field_bytes(12, b"".join(interned))
         if ts is None:
@@ -806,6 +969,7 @@ def _check_flow(flow: object) -> int:
     if not isinstance(flow, int) or isinstance(flow, bool) or not 0 < flow <= _UINT64_MAX:
         raise ValueError(f"a flow id must be a positive 64-bit int, got {flow!r}")
     return flow
+
 
 # ------------------------------------------------------------ counter sequences
 
