@@ -1,0 +1,134 @@
+"""A pipeline whose tasks blow their data up and shrink it again: trace how big they get.
+
+    python examples/big_task_heap_usage.py [--num-partitions N] [--num-rows-per-partition R]
+        [--inflation-factor F] [--deflation-factor D] [--tracing-level 0|1|2] [--trace-out PATH]
+
+Partitions are made on the workers by a generator of factories: each is R
+rows of 64 random-looking bytes. The stage "inflate" (a UDF) repeats every
+row F times, so its output is F times bigger than its input; "deflate" keeps
+the first 1/D of every row. At tracing level 1 (the default) every task's
+execution slice shows its RSS peak next to its requested memory; at level 2
+memray measures each task's real heap peak.
+
+It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
+(2 CPUs, an object store sized for the data). The trace goes to
+``--trace-out``, or by default to the Ray session's log folder; the script
+prints where. Open it at https://ui.perfetto.dev ("Open trace file") or with
+``tracer open PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import ray
+
+from tracer.runner import Pipeline, Stage
+
+ROW_BYTES = 64
+MIB = 1 << 20
+
+
+def make_partition(index: int, num_rows: int) -> list[bytes]:
+    """``num_rows`` rows of ROW_BYTES bytes, different for every partition."""
+    rng = random.Random(index)
+    return [rng.randbytes(ROW_BYTES) for _ in range(num_rows)]
+
+
+def partitions(num_partitions: int, num_rows: int) -> Iterator[Callable[[], list[bytes]]]:
+    """Zero-argument factories: each partition is built inside its first task."""
+    for index in range(num_partitions):
+        yield lambda index=index: make_partition(index, num_rows)
+
+
+def inflate(rows: list[bytes], factor: int) -> list[bytes]:
+    """Every row repeated ``factor`` times: the partition grows ``factor``-fold."""
+    return [row * factor for row in rows]
+
+
+def deflate(rows: list[bytes], factor: int) -> list[bytes]:
+    """Every row cut to 1/``factor`` of its length."""
+    return [row[: max(1, len(row) // factor)] for row in rows]
+
+
+def object_store_bytes(num_partitions: int, num_rows: int, inflation: int, deflation: int) -> int:
+    """Room for a few inflated partitions in flight plus every deflated result."""
+    partition = num_rows * ROW_BYTES
+    inflated = partition * inflation
+    needed = 4 * inflated + num_partitions * (inflated // max(1, deflation) + partition)
+    return int(min(max(2 * needed, 80 * MIB), 4096 * MIB))
+
+
+def start_ray(object_store_memory: int) -> None:
+    """Join the cluster named by $RAY_ADDRESS, else start a local Ray."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+    else:
+        ray.init(
+            address="local",
+            num_cpus=2,
+            object_store_memory=object_store_memory,
+            include_dashboard=False,
+        )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-partitions", type=_positive, default=8)
+    parser.add_argument("--num-rows-per-partition", type=_positive, default=20_000)
+    parser.add_argument("--inflation-factor", type=_positive, default=16)
+    parser.add_argument("--deflation-factor", type=_positive, default=8)
+    parser.add_argument(
+        "--tracing-level", default="1", help="0 (off), 1 (timeline, default) or 2 (memory)"
+    )
+    parser.add_argument(
+        "--trace-out", type=Path, default=None,
+        help="trace file (default: <Ray session>/logs/tracer/...)",
+    )
+    args = parser.parse_args()
+    n, rows = args.num_partitions, args.num_rows_per_partition
+    inflation, deflation = args.inflation_factor, args.deflation_factor
+
+    pipeline = Pipeline(
+        partitions(n, rows),
+        [
+            Stage("inflate", lambda part: inflate(part, inflation)),
+            Stage("deflate", lambda part: deflate(part, deflation)),
+        ],
+    )
+    start_ray(object_store_bytes(n, rows, inflation, deflation))
+    start = time.monotonic()
+    results = pipeline.run(tracing_level=args.tracing_level, trace_path=args.trace_out)
+    elapsed = time.monotonic() - start
+
+    size_in = n * rows * ROW_BYTES
+    size_out = sum(len(row) for part in results for row in part)
+    print(
+        f"{n} partitions of {rows} rows: {size_in / MIB:.1f} MiB in, "
+        f"{size_in * inflation / MIB:.1f} MiB after inflate (x{inflation}), "
+        f"{size_out / MIB:.1f} MiB after deflate (/{deflation}); {elapsed:.1f} s"
+    )
+    if pipeline.trace_path is None:
+        print("tracing is off (level 0): no trace written")
+        return
+    print(f"trace written to {pipeline.trace_path}")
+    print("open it at https://ui.perfetto.dev (Open trace file), or run:")
+    print(f"  tracer open {pipeline.trace_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The examples run as scripts (each starts its own local Ray) and print a readable trace."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracer.format.reader import read_trace
+from tracer.ray import layout as L
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run(script: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.pop("TRACER_ENABLE_RAY_TRACING", None)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _printed_trace(stdout: str) -> Path:
+    match = re.search(r"^trace written to (.+)$", stdout, re.MULTILINE)
+    assert match, stdout
+    assert "ui.perfetto.dev" in stdout and "tracer open " in stdout
+    return Path(match.group(1))
+
+
+def _stage_executions(path: Path) -> dict[str, int]:
+    assert path.is_file() and path.stat().st_size > 0
+    model = read_trace(path)
+    assert not model.problems, [str(p) for p in model.problems]
+    counts: dict[str, int] = {}
+    for s in model.slices:
+        if s.category == L.CAT_EXECUTION:
+            counts[s.name or ""] = counts.get(s.name or "", 0) + 1
+    return counts
+
+
+def test_quickstart_default_trace_path() -> None:
+    out = _run("quickstart.py", "--num-partitions", "4")
+    path = _printed_trace(out)
+    assert path.parent.name == "tracer" and path.parent.parent.name == "logs"
+    assert path.name.startswith("pipeline.") and path.name.endswith(".perfetto-trace")
+    assert _stage_executions(path) == {"tokenize": 4, "count words": 4, "top word": 4}
+
+
+@pytest.mark.parametrize("level", ["1", "0"])
+def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
+    path = tmp_path / "big.perfetto-trace"
+    out = _run(
+        "big_task_heap_usage.py",
+        "--num-partitions", "3",
+        "--num-rows-per-partition", "1000",
+        "--inflation-factor", "10",
+        "--deflation-factor", "5",
+        "--tracing-level", level,
+        "--trace-out", str(path),
+    )
+    # 3 x 1000 rows of 64 bytes, x10 then /5 (each row cut to 128 bytes).
+    assert "0.2 MiB in, 1.8 MiB after inflate (x10), 0.4 MiB after deflate (/5)" in out, out
+    if level == "0":
+        assert "tracing is off" in out and not path.exists()
+        return
+    assert _printed_trace(out) == path
+    assert _stage_executions(path) == {"inflate": 3, "deflate": 3}
