@@ -1,0 +1,48 @@
+"""Answers from a runner trace: ready-made analyses and any SQL.
+
+:class:`TraceQuery` opens a trace written by :mod:`tracer.ray` and answers
+with pandas DataFrames:
+
+* :meth:`~TraceQuery.stage_summary`: tasks, wall span, task duration
+  p50/p95/max, requested vs actual memory, per stage;
+* :meth:`~TraceQuery.task_latency` / :meth:`~TraceQuery.latency_by_stage`:
+  created -> dispatched (waiting in the runner), dispatched -> started (Ray
+  scheduling), running, finished -> received (result pickup);
+* :meth:`~TraceQuery.dispatch_loop`: the loop's time in plan polling,
+  batching, dispatching, awaiting, and the gaps between them;
+* :meth:`~TraceQuery.worker_utilisation`: busy fraction per worker per time
+  bucket;
+* :meth:`~TraceQuery.memory_by_stage`, :meth:`~TraceQuery.memory_by_node`,
+  :meth:`~TraceQuery.memory_flagged`: tasks whose peak exceeded their request;
+* :meth:`~TraceQuery.query`: any SQL, in trace_processor.
+
+The analyses are PerfettoSQL files in ``tracer/query/sql`` (run in
+trace_processor with ``engine="trace_processor"``), and the same analyses are
+computed from :func:`tracer.format.read_trace` (``engine="reader"``, the
+default), for machines where no trace_processor binary can be had.
+"""
+
+from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery
+from tracer.query.columns import SCHEMAS, records, to_frame
+from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
+from tracer.query.processor import ENV_VAR, find_trace_processor
+from tracer.query.sql import ANALYSES, VIEWS, sql_path, sql_text
+
+__all__ = [
+    "ANALYSES",
+    "ENGINES",
+    "ENV_VAR",
+    "SCHEMAS",
+    "VIEWS",
+    "Engine",
+    "QueryConfig",
+    "QueryError",
+    "TraceProcessorError",
+    "TraceProcessorNotFoundError",
+    "TraceQuery",
+    "find_trace_processor",
+    "records",
+    "sql_path",
+    "sql_text",
+    "to_frame",
+]

@@ -1,0 +1,249 @@
+"""The entry point of the query layer: :class:`TraceQuery` and its :class:`QueryConfig`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from tracer.errors import TraceReadError
+from tracer.format import TraceModel, read_trace
+from tracer.query import from_model
+from tracer.query.columns import to_frame
+from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
+from tracer.query.processor import find_trace_processor, first_line, start_trace_processor
+from tracer.query.sql import VIEWS, sql_text, worker_utilisation_sql
+
+__all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery"]
+
+Engine = Literal["reader", "trace_processor", "auto"]
+ENGINES: tuple[str, ...] = ("reader", "trace_processor", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryConfig:
+    """How :class:`TraceQuery` answers.
+
+    ``engine`` computes the ready-made analyses:
+
+    * ``"reader"`` (default): in Python from :func:`tracer.format.read_trace`;
+      needs nothing else, works everywhere;
+    * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
+      trace_processor (fails if no binary can be found);
+    * ``"auto"``: trace_processor when a binary can be found, else the reader.
+
+    Both engines return the same columns and numbers. :meth:`TraceQuery.query`
+    (arbitrary SQL) always needs trace_processor, whatever the engine.
+
+    ``trace_processor_path`` is the trace_processor_shell binary; by default
+    ``$TRACE_PROCESSOR_PATH``, then the binary the perfetto package cached on
+    an earlier download, then ``trace_processor_shell`` on ``PATH``.
+    ``load_timeout`` is how long (s) trace_processor may take to start;
+    ``verbose`` lets its output through.
+    """
+
+    engine: Engine = "reader"
+    trace_processor_path: str | None = None
+    load_timeout: float = 30.0
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+
+
+class TraceQuery:
+    """Answers from one runner trace: ready-made analyses as DataFrames, and any SQL.
+
+    >>> with TraceQuery("run.perfetto-trace") as q:      # doctest: +SKIP
+    ...     q.stage_summary()
+    ...     q.query("SELECT COUNT(*) AS n FROM tracer_task")
+
+    Opening checks the file: :class:`~tracer.errors.TraceReadError` if it is
+    missing or not a Perfetto protobuf trace (reader engine). A truncated
+    trace is analysed up to its last complete packet; :meth:`warnings` says
+    so. trace_processor is started on first need and stopped by
+    :meth:`close` (or the ``with`` block).
+
+    In trace_processor, the views of ``tracer_views.sql`` (``tracer_task``,
+    ``tracer_execution``, ``tracer_task_latency``) are defined before any
+    query runs, so your SQL can use them.
+    """
+
+    def __init__(self, trace: str | os.PathLike[str], config: QueryConfig | None = None) -> None:
+        self.path = Path(trace)
+        self.config = config or QueryConfig()
+        if not self.path.exists():
+            raise TraceReadError(f"no such trace file: {self.path}")
+        if not self.path.is_file():
+            raise TraceReadError(f"not a file: {self.path}")
+        self._tp: Any = None
+        self._model: TraceModel | None = None
+        engine = self.config.engine
+        if engine == "auto":
+            try:
+                self._bin: str | None = find_trace_processor(self.config.trace_processor_path)
+                engine = "trace_processor"
+            except TraceProcessorNotFoundError:
+                self._bin = None
+                engine = "reader"
+        else:
+            self._bin = None
+        self.engine: Literal["reader", "trace_processor"] = engine
+        if engine == "reader":
+            self._model = read_trace(self.path)
+        else:
+            self._processor()
+
+    # -------------------------------------------------------------- plumbing
+
+    @property
+    def model(self) -> TraceModel:
+        """The trace as :func:`tracer.format.read_trace` reads it (read on first use)."""
+        if self._model is None:
+            self._model = read_trace(self.path)
+        return self._model
+
+    def _processor(self) -> Any:
+        if self._tp is None:
+            if self._bin is None:
+                self._bin = find_trace_processor(self.config.trace_processor_path)
+            _check_looks_like_trace(self.path)
+            tp = start_trace_processor(
+                self.path, self._bin, load_timeout=self.config.load_timeout,
+                verbose=self.config.verbose,
+            )
+            try:
+                tp.query(sql_text(VIEWS))
+            except Exception as exc:
+                tp.close()
+                raise TraceProcessorError(
+                    f"trace_processor rejected tracer_views.sql: {first_line(exc)}"
+                ) from exc
+            self._tp = tp
+        return self._tp
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """Run any SQL in trace_processor; the result of its last statement as a DataFrame.
+
+        Raises :class:`~tracer.query.errors.QueryError` for SQL trace_processor
+        rejects, and :class:`~tracer.query.errors.TraceProcessorNotFoundError`
+        when no binary can be found.
+        """
+        tp = self._processor()
+        try:
+            result = tp.query(sql)
+            frame = result.as_pandas_dataframe()
+        except Exception as exc:
+            raise QueryError(first_line(exc)) from exc
+        return frame
+
+    def _analysis(
+        self,
+        name: str,
+        compute: Callable[[TraceModel], list[dict[str, Any]]],
+        sql: str | None = None,
+    ) -> pd.DataFrame:
+        if self.engine == "trace_processor":
+            try:
+                frame = self.query(sql if sql is not None else sql_text(name))
+            except QueryError as exc:
+                raise QueryError(f"{name}.sql: {exc}") from exc
+            return to_frame(frame, name)
+        return to_frame(compute(self.model), name)
+
+    def warnings(self) -> list[str]:
+        """What may make the answers incomplete: truncation, unterminated slices, problems."""
+        out: list[str] = []
+        if self.engine == "trace_processor":
+            open_slices = self.query("SELECT COUNT(*) AS n FROM slice WHERE dur < 0")["n"].iloc[0]
+            if open_slices:
+                out.append(
+                    f"{open_slices} slice(s) never ended: the trace was probably cut while "
+                    "being written; the answers cover what is there"
+                )
+            return out
+        model = self.model
+        if model.truncated:
+            out.append(
+                f"the trace is truncated (cut while being written?): analysing the "
+                f"{model.packet_count} complete packets before the cut"
+            )
+        counts = {k: v for k, v in model.problem_counts.items() if v}
+        if counts:
+            listed = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(counts.items()))
+            out.append(f"problems in the trace: {listed}")
+        return out
+
+    def close(self) -> None:
+        """Stop trace_processor, if it was started."""
+        if self._tp is not None:
+            tp, self._tp = self._tp, None
+            tp.close()
+
+    def __enter__(self) -> TraceQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -------------------------------------------------------------- analyses
+
+    def stage_summary(self) -> pd.DataFrame:
+        """Per stage: tasks, failed, wall span, task running time p50/p95/max, memory."""
+        return self._analysis("stage_summary", from_model.stage_summary)
+
+    def task_latency(self) -> pd.DataFrame:
+        """Per task attempt: waiting, scheduling, running, pickup and total (ns)."""
+        return self._analysis("task_latency", from_model.task_latency)
+
+    def latency_by_stage(self) -> pd.DataFrame:
+        """Per stage: p50 and p95 of each latency phase (ns)."""
+        return self._analysis("latency_by_stage", from_model.latency_by_stage)
+
+    def dispatch_loop(self) -> pd.DataFrame:
+        """The dispatch loop's time per phase, and the gaps between phases."""
+        return self._analysis("dispatch_loop", from_model.dispatch_loop)
+
+    def worker_utilisation(self, buckets: int = 20) -> pd.DataFrame:
+        """Busy fraction of every worker of every node in ``buckets`` equal time buckets."""
+        sql = worker_utilisation_sql(buckets)
+        return self._analysis(
+            "worker_utilisation", lambda m: from_model.worker_utilisation(m, buckets), sql
+        )
+
+    def memory_by_stage(self) -> pd.DataFrame:
+        """Per stage: requested vs measured peak memory, tasks over their request."""
+        return self._analysis("memory_by_stage", from_model.memory_by_stage)
+
+    def memory_by_node(self) -> pd.DataFrame:
+        """Per node: measured peak memory, tasks over their request."""
+        return self._analysis("memory_by_node", from_model.memory_by_node)
+
+    def memory_flagged(self) -> pd.DataFrame:
+        """The task attempts whose measured peak exceeded their memory request, worst first."""
+        return self._analysis("memory_flagged", from_model.memory_flagged)
+
+
+def _check_looks_like_trace(path: Path) -> None:
+    """A quick check before trace_processor sees the file (its own errors are vague)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(2)
+    except OSError as exc:
+        raise TraceReadError(f"cannot read trace file {path}: {exc.strerror or exc}") from exc
+    if not head:
+        raise TraceReadError(f"trace file {path} is empty")
+    if head[:1] != b"\x0a" and head != b"\x1f\x8b":
+        raise TraceReadError(
+            f"{path} is not a Perfetto protobuf trace (it does not start with a packet record)"
+        )

@@ -1,0 +1,176 @@
+"""The columns of every analysis, and the one way both engines turn rows into a DataFrame.
+
+Both engines (trace_processor and the reader) produce the same columns with
+the same dtypes: integers as pandas' nullable ``Int64`` (nanoseconds and
+bytes stay exact), fractions as ``float64`` (NaN when undefined) and text as
+``string``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import pandas as pd
+
+__all__ = ["SCHEMAS", "Kind", "records", "to_frame"]
+
+Kind = Literal["int", "float", "str"]
+
+_I: Kind = "int"
+_F: Kind = "float"
+_S: Kind = "str"
+
+SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
+    "stage_summary": [
+        ("stage_id", _I),
+        ("stage", _S),
+        ("tasks", _I),
+        ("failed", _I),
+        ("wall_ns", _I),
+        ("dur_p50_ns", _I),
+        ("dur_p95_ns", _I),
+        ("dur_max_ns", _I),
+        ("memory_requested", _I),
+        ("peak_p50_bytes", _I),
+        ("peak_max_bytes", _I),
+        ("over_request", _I),
+    ],
+    "task_latency": [
+        ("task_id", _S),
+        ("attempt", _I),
+        ("stage_id", _I),
+        ("stage", _S),
+        ("status", _S),
+        ("node", _S),
+        ("worker", _S),
+        ("created_ts", _I),
+        ("waiting_ns", _I),
+        ("scheduling_ns", _I),
+        ("running_ns", _I),
+        ("pickup_ns", _I),
+        ("total_ns", _I),
+        ("memory_requested", _I),
+        ("memory_peak", _I),
+    ],
+    "latency_by_stage": [
+        ("stage_id", _I),
+        ("stage", _S),
+        ("tasks", _I),
+        ("waiting_p50_ns", _I),
+        ("waiting_p95_ns", _I),
+        ("scheduling_p50_ns", _I),
+        ("scheduling_p95_ns", _I),
+        ("running_p50_ns", _I),
+        ("running_p95_ns", _I),
+        ("pickup_p50_ns", _I),
+        ("pickup_p95_ns", _I),
+        ("total_p50_ns", _I),
+        ("total_p95_ns", _I),
+    ],
+    "dispatch_loop": [
+        ("phase", _S),
+        ("count", _I),
+        ("total_ns", _I),
+        ("mean_ns", _F),
+        ("share", _F),
+    ],
+    "worker_utilisation": [
+        ("node", _S),
+        ("worker", _S),
+        ("bucket", _I),
+        ("start_ns", _I),
+        ("bucket_ns", _I),
+        ("busy_ns", _I),
+        ("busy_fraction", _F),
+    ],
+    "memory_by_stage": [
+        ("stage_id", _I),
+        ("stage", _S),
+        ("tasks", _I),
+        ("measured", _I),
+        ("requested_bytes", _I),
+        ("peak_p50_bytes", _I),
+        ("peak_max_bytes", _I),
+        ("over_request", _I),
+        ("no_request", _I),
+        ("peak_to_request_max", _F),
+    ],
+    "memory_by_node": [
+        ("node", _S),
+        ("tasks", _I),
+        ("peak_p50_bytes", _I),
+        ("peak_max_bytes", _I),
+        ("over_request", _I),
+        ("excess_max_bytes", _I),
+    ],
+    "memory_flagged": [
+        ("task_id", _S),
+        ("attempt", _I),
+        ("stage_id", _I),
+        ("stage", _S),
+        ("node", _S),
+        ("worker", _S),
+        ("requested_bytes", _I),
+        ("peak_bytes", _I),
+        ("excess_bytes", _I),
+        ("ratio", _F),
+    ],
+}
+
+_DTYPES: dict[Kind, Any] = {"int": "Int64", "float": "float64", "str": "string"}
+
+
+def to_frame(data: pd.DataFrame | Sequence[Mapping[str, Any]], name: str) -> pd.DataFrame:
+    """Rows (dicts) or a trace_processor DataFrame as analysis ``name``'s typed DataFrame."""
+    schema = SCHEMAS[name]
+    columns = [c for c, _ in schema]
+    if isinstance(data, pd.DataFrame):
+        missing = [c for c in columns if c not in data.columns]
+        if missing:
+            raise KeyError(f"{name}: the query returned no column(s) {missing}")
+        frame = data.loc[:, columns].reset_index(drop=True)
+        frame = frame.astype(object).where(frame.notna(), None)
+    else:
+        frame = pd.DataFrame([[row.get(c) for c in columns] for row in data], columns=columns,
+                             dtype=object)
+    out = {}
+    for column, kind in schema:
+        values = [None if _missing(v) else v for v in frame[column].tolist()]
+        if kind == "int":
+            values = [None if v is None else int(v) for v in values]
+        elif kind == "float":
+            values = [float("nan") if v is None else float(v) for v in values]
+        else:
+            values = [None if v is None else str(v) for v in values]
+        out[column] = pd.array(values, dtype=_DTYPES[kind])
+    return pd.DataFrame(out, columns=columns)
+
+
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A DataFrame as JSON-ready dicts: Python ints, floats and strings, None for missing."""
+    rows: list[dict[str, Any]] = []
+    columns = list(frame.columns)
+    for values in frame.itertuples(index=False, name=None):
+        row: dict[str, Any] = {}
+        for column, value in zip(columns, values, strict=True):
+            row[str(column)] = _plain(value)
+        rows.append(row)
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    if _missing(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()  # numpy scalars
+    return value

@@ -1,0 +1,109 @@
+"""Finding and starting trace_processor (the perfetto package's Python API).
+
+The binary comes from, in order: an explicit path, ``$TRACE_PROCESSOR_PATH``,
+the binary the perfetto package caches after its first download
+(``~/.local/share/perfetto/prebuilts``), then ``trace_processor_shell`` on
+``PATH``. tracer never lets the perfetto package download one: on machines
+without internet that download fails slowly and unclearly.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from tracer.query.errors import TraceProcessorError, TraceProcessorNotFoundError
+
+__all__ = ["ENV_VAR", "NOT_FOUND_HELP", "find_trace_processor", "start_trace_processor"]
+
+ENV_VAR = "TRACE_PROCESSOR_PATH"
+
+NOT_FOUND_HELP = (
+    f"set {ENV_VAR} to a trace_processor_shell binary (download one on a machine with "
+    "internet access from https://get.perfetto.dev/trace_processor, or take the prebuilt "
+    "of a Perfetto release at https://github.com/google/perfetto/releases); "
+    "`tracer summary` and `tracer memory` work without it (they default to --engine reader)"
+)
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _package_prebuilt() -> Path | None:
+    """The trace_processor_shell the perfetto package has cached, if it ever downloaded one."""
+    try:
+        from perfetto.prebuilts.manifests.trace_processor_shell import (
+            TRACE_PROCESSOR_SHELL_MANIFEST,
+        )
+    except Exception:  # an older or newer perfetto package
+        return None
+    plat = sys.platform.lower()
+    machine = platform.machine().lower()
+    for entry in TRACE_PROCESSOR_SHELL_MANIFEST:
+        if entry.get("platform") != plat or machine not in entry.get("machine", []):
+            continue
+        name = str(entry.get("file_name", ""))
+        sha = str(entry.get("sha256", ""))
+        if not name or not sha:
+            return None
+        root, ext = os.path.splitext(name)
+        folder = Path.home() / ".local" / "share" / "perfetto" / "prebuilts"
+        path = folder / f"{root}-{sha[:16]}{ext}"
+        return path if _executable(path) else None
+    return None
+
+
+def find_trace_processor(explicit: str | os.PathLike[str] | None = None) -> str:
+    """The trace_processor binary to use; :class:`TraceProcessorNotFoundError` if there is none.
+
+    An explicit path or ``$TRACE_PROCESSOR_PATH`` that is not an executable
+    file is an error (not silently skipped).
+    """
+    for source, value in (("trace_processor_path", explicit), (ENV_VAR, os.environ.get(ENV_VAR))):
+        if value is None or str(value) == "":
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise TraceProcessorNotFoundError(f"{source}={value}: no such file; {NOT_FOUND_HELP}")
+        if not _executable(path):
+            raise TraceProcessorNotFoundError(
+                f"{source}={value} is not an executable file (chmod +x it?)"
+            )
+        return str(path)
+    cached = _package_prebuilt()
+    if cached is not None:
+        return str(cached)
+    on_path = shutil.which("trace_processor_shell")
+    if on_path:
+        return on_path
+    raise TraceProcessorNotFoundError(f"no trace_processor binary found: {NOT_FOUND_HELP}")
+
+
+def start_trace_processor(trace: Path, bin_path: str, *, load_timeout: float = 30,
+                          verbose: bool = False) -> Any:
+    """Start trace_processor on ``trace``; :class:`TraceProcessorError` if it fails."""
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    config = TraceProcessorConfig(
+        bin_path=bin_path, load_timeout=max(1, int(load_timeout)), verbose=verbose
+    )
+    try:
+        return TraceProcessor(trace=str(trace), config=config)
+    except Exception as exc:
+        raise TraceProcessorError(
+            f"trace_processor ({bin_path}) could not load {trace}: {first_line(exc)}"
+        ) from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message on one line (trace_processor's can span many)."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__

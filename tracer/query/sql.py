@@ -1,0 +1,54 @@
+"""The PerfettoSQL files shipped in ``tracer/query/sql``.
+
+``tracer_views.sql`` defines the views (``tracer_task``, ``tracer_execution``,
+``tracer_task_latency``) that the analysis files read; run it first. Each
+analysis file is one query. Users can read them, copy them and run them in
+trace_processor or the Perfetto UI's query page.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+__all__ = ["ANALYSES", "VIEWS", "sql_path", "sql_text", "worker_utilisation_sql"]
+
+#: The file that defines the views every analysis uses.
+VIEWS = "tracer_views"
+
+#: The analyses, by name; each is ``sql/<name>.sql``.
+ANALYSES = (
+    "stage_summary",
+    "task_latency",
+    "latency_by_stage",
+    "dispatch_loop",
+    "worker_utilisation",
+    "memory_by_stage",
+    "memory_by_node",
+    "memory_flagged",
+)
+
+_BUCKETS = re.compile(r"SELECT \d+ AS buckets")
+
+
+def sql_text(name: str) -> str:
+    """The text of ``sql/<name>.sql`` (``KeyError`` for an unknown name)."""
+    if name != VIEWS and name not in ANALYSES:
+        raise KeyError(f"no SQL file named {name!r}; known: {', '.join((VIEWS, *ANALYSES))}")
+    return resources.files("tracer.query").joinpath("sql", f"{name}.sql").read_text("utf-8")
+
+
+def sql_path(name: str) -> str:
+    """Where ``sql/<name>.sql`` is installed, to point users at it."""
+    return str(resources.files("tracer.query").joinpath("sql", f"{name}.sql"))
+
+
+def worker_utilisation_sql(buckets: int) -> str:
+    """``worker_utilisation.sql`` with its ``buckets`` parameter set."""
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be a positive integer, got {buckets!r}")
+    text = sql_text("worker_utilisation")
+    out, count = _BUCKETS.subn(f"SELECT {buckets} AS buckets", text, count=1)
+    if count != 1:  # pragma: no cover - guards an edit of the file
+        raise RuntimeError("worker_utilisation.sql lost its `SELECT <n> AS buckets` parameter")
+    return out

@@ -1,0 +1,131 @@
+-- tracer_views.sql: the views every tracer analysis is built on.
+--
+-- Load a runner trace in trace_processor, run this file, then run any of the
+-- analysis files next to it (stage_summary.sql, task_latency.sql, ...) or your
+-- own SQL over these views. `tracer query` and tracer.query.TraceQuery run it
+-- for you. The names come from tracer/ray/layout.py; debug annotations are the
+-- args named 'debug.<name>' (nested: 'debug.resource_request.memory_bytes').
+--
+-- Timestamps (*_ts) and durations (*_ns) are nanoseconds in the trace clock;
+-- memory is in bytes. A slice left open by a truncated trace has dur = -1 in
+-- trace_processor: such tasks have no received_ts, and open executions are left
+-- out.
+
+-- One row per task attempt: the slice on a "Ray tasks" lane from the task's
+-- creation to its receipt (category 'task', named after the stage), with its
+-- nested 'dispatched' slice. received_ts is NULL for tasks the runner never
+-- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
+-- retry.
+DROP VIEW IF EXISTS tracer_task;
+CREATE VIEW tracer_task AS
+SELECT
+  t.id AS slice_id,
+  EXTRACT_ARG(t.arg_set_id, 'debug.task_id') AS task_id,
+  COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.attempt'), 0) AS attempt,
+  EXTRACT_ARG(t.arg_set_id, 'debug.stage_id') AS stage_id,
+  COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.stage'), t.name) AS stage,
+  EXTRACT_ARG(t.arg_set_id, 'debug.status') AS status,
+  EXTRACT_ARG(t.arg_set_id, 'debug.resource_request.memory_bytes') AS memory_requested,
+  t.ts AS created_ts,
+  d.ts AS dispatched_ts,
+  CASE
+    WHEN t.dur >= 0
+      AND COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.status'), '')
+        NOT IN ('unfinished', 'superseded')
+    THEN t.ts + t.dur
+  END AS received_ts
+FROM slice AS t
+LEFT JOIN slice AS d
+  ON d.parent_id = t.id AND d.category = 'task' AND d.name = 'dispatched'
+WHERE t.category = 'task' AND t.depth = 0;
+
+-- One row per task execution, measured inside the Ray worker (category
+-- 'execution', on a worker thread of a node process, or on a lane under the
+-- worker when executions overlap). memory_peak is the task's peak memory
+-- (level 1: the worker's RSS; level 2: memray's heap peak).
+DROP VIEW IF EXISTS tracer_execution;
+CREATE VIEW tracer_execution AS
+SELECT
+  s.id AS slice_id,
+  EXTRACT_ARG(s.arg_set_id, 'debug.task_id') AS task_id,
+  s.name AS stage,
+  s.ts AS start_ts,
+  s.ts + s.dur AS end_ts,
+  s.dur AS dur,
+  EXTRACT_ARG(s.arg_set_id, 'debug.memory_requested') AS memory_requested,
+  EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') AS memory_peak,
+  EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,
+  p.name AS node,
+  th.name AS worker
+FROM slice AS s
+LEFT JOIN thread_track AS tt ON tt.id = s.track_id
+LEFT JOIN thread AS th ON th.utid = tt.utid
+LEFT JOIN process AS p ON p.upid = th.upid
+WHERE s.category = 'execution' AND s.name != 'task failed' AND s.dur >= 0;
+
+-- One row per task attempt with its execution joined by the task_id
+-- annotation, and the four phases of its latency:
+--   waiting_ns    created -> dispatched  (waiting in the runner for a batch)
+--   scheduling_ns dispatched -> started  (Ray scheduling, worker start, args)
+--   running_ns    started -> finished    (the task's body)
+--   pickup_ns     finished -> received   (until the runner saw the result)
+-- An execution goes to the latest attempt of its task_id created before it
+-- started; an attempt keeps its latest execution.
+DROP VIEW IF EXISTS tracer_task_latency;
+CREATE VIEW tracer_task_latency AS
+WITH candidate AS (
+  SELECT
+    e.slice_id AS execution_slice_id,
+    t.slice_id AS task_slice_id,
+    ROW_NUMBER() OVER (
+      PARTITION BY e.slice_id
+      ORDER BY
+        (t.created_ts <= e.start_ts) DESC,
+        CASE WHEN t.created_ts <= e.start_ts THEN -t.created_ts ELSE t.created_ts END,
+        t.slice_id
+    ) AS pick
+  FROM tracer_execution AS e
+  JOIN tracer_task AS t ON t.task_id = e.task_id
+),
+matched AS (
+  SELECT
+    c.task_slice_id,
+    e.slice_id,
+    e.start_ts,
+    e.end_ts,
+    e.memory_requested,
+    e.memory_peak,
+    e.status,
+    e.node,
+    e.worker,
+    ROW_NUMBER() OVER (
+      PARTITION BY c.task_slice_id ORDER BY e.start_ts DESC, e.slice_id DESC
+    ) AS pick
+  FROM candidate AS c
+  JOIN tracer_execution AS e ON e.slice_id = c.execution_slice_id
+  WHERE c.pick = 1
+)
+SELECT
+  t.task_id,
+  t.attempt,
+  t.stage_id,
+  t.stage,
+  COALESCE(t.status, m.status, 'ok') AS status,
+  m.node,
+  m.worker,
+  t.created_ts,
+  t.dispatched_ts,
+  m.start_ts AS started_ts,
+  m.end_ts AS finished_ts,
+  t.received_ts,
+  t.dispatched_ts - t.created_ts AS waiting_ns,
+  m.start_ts - t.dispatched_ts AS scheduling_ns,
+  m.end_ts - m.start_ts AS running_ns,
+  t.received_ts - m.end_ts AS pickup_ns,
+  t.received_ts - t.created_ts AS total_ns,
+  COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
+  m.memory_peak,
+  t.slice_id AS task_slice_id,
+  m.slice_id AS execution_slice_id
+FROM tracer_task AS t
+LEFT JOIN matched AS m ON m.task_slice_id = t.slice_id AND m.pick = 1;

@@ -1,0 +1,55 @@
+-- worker_utilisation.sql: how busy each worker was, bucket by bucket.
+-- Needs tracer_views.sql. The run (first to last event of the trace) is cut
+-- into `buckets` equal buckets (change the number in `params`); for every
+-- worker of every node and every bucket: busy_ns, the time its executions
+-- overlap the bucket, and busy_fraction = busy_ns / bucket_ns. start_ns is
+-- the bucket's start relative to the start of the trace. A worker that runs
+-- overlapping executions (a threaded actor) can exceed 1.
+WITH RECURSIVE params AS (
+  SELECT 20 AS buckets
+),
+bounds AS (
+  SELECT MIN(ts) AS start_ts, MAX(ts + MAX(dur, 0)) AS end_ts FROM slice
+),
+grid AS (
+  SELECT
+    b.start_ts,
+    p.buckets,
+    MAX((b.end_ts - b.start_ts + p.buckets - 1) / p.buckets, 1) AS bucket_ns
+  FROM bounds AS b, params AS p
+),
+bucket(i) AS (
+  SELECT 0
+  UNION ALL
+  SELECT bucket.i + 1 FROM bucket, params WHERE bucket.i + 1 < params.buckets
+),
+workers AS (
+  SELECT DISTINCT node, worker FROM tracer_execution
+),
+busy AS (
+  SELECT
+    e.node,
+    e.worker,
+    b.i,
+    SUM(
+      MIN(e.end_ts, g.start_ts + (b.i + 1) * g.bucket_ns)
+      - MAX(e.start_ts, g.start_ts + b.i * g.bucket_ns)
+    ) AS busy_ns
+  FROM tracer_execution AS e, grid AS g, bucket AS b
+  WHERE e.start_ts < g.start_ts + (b.i + 1) * g.bucket_ns
+    AND e.end_ts > g.start_ts + b.i * g.bucket_ns
+  GROUP BY e.node, e.worker, b.i
+)
+SELECT
+  w.node,
+  w.worker,
+  b.i AS bucket,
+  b.i * g.bucket_ns AS start_ns,
+  g.bucket_ns,
+  COALESCE(u.busy_ns, 0) AS busy_ns,
+  CAST(COALESCE(u.busy_ns, 0) AS REAL) / g.bucket_ns AS busy_fraction
+FROM workers AS w
+CROSS JOIN bucket AS b
+CROSS JOIN grid AS g
+LEFT JOIN busy AS u ON u.node IS w.node AND u.worker IS w.worker AND u.i = b.i
+ORDER BY w.node, w.worker, b.i;
