@@ -15,12 +15,20 @@ from tracer.format.model import (
     TrackKind,
 )
 from tracer.format.reader import DEFAULT_MAX_BUNDLE_SIZE, read_trace
-from tracer.format.writer import ChildOrdering, CounterTrack, CounterUnit, TraceWriter, Track
+from tracer.format.writer import (
+    ChildOrdering,
+    CounterSequence,
+    CounterTrack,
+    CounterUnit,
+    TraceWriter,
+    Track,
+)
 
 __all__ = [
     "DEFAULT_MAX_BUNDLE_SIZE",
     "ChildOrdering",
     "CounterSample",
+    "CounterSequence",
     "CounterTrack",
     "CounterUnit",
     "Flow",

@@ -67,6 +67,7 @@ ProblemKind = Literal[
     "counter_before_descriptor",  # a counter event before its counter descriptor; dropped
     "counter_on_non_counter_track",  # a counter event on a slice track; dropped
     "counter_missing_value",  # a counter event without a value; dropped
+    "extra_counter_mismatch",  # extra counter values without as many track uuids, or over 8
     "slice_on_counter_track",  # a begin / end / instant on a counter track; dropped
     # Slices and flows.
     "unmatched_end",  # an END with no open slice on its track; ignored

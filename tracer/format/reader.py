@@ -74,6 +74,9 @@ _END = 2
 _INSTANT = 3
 _COUNTER = 4
 
+#: trace_processor's kMaxNumExtraCounters.
+_MAX_EXTRA_COUNTERS = 8
+
 _COUNTER_UNITS = {1: "ns", 2: "count", 3: "bytes"}
 _CHILD_ORDERING = {1: "lexicographic", 2: "chronological", 3: "explicit"}
 _MERGE_BEHAVIOR = {1: "by_track_name", 2: "none", 3: "by_sibling_merge_key"}
@@ -130,6 +133,8 @@ class _Sequence:
         "categories",
         "clock_default",
         "counter_totals",
+        "extra_default",
+        "extra_double_default",
         "generation",
         "names",
         "running",
@@ -152,6 +157,8 @@ class _Sequence:
         self.strings: dict[int, str] = {}
         self.clock_default = 0
         self.track_default: int | None = None
+        self.extra_default: list[int] = []
+        self.extra_double_default: list[int] = []
         self.counter_totals: dict[int, int | float] = {}
         # The last ClockSnapshot on this sequence: clock id -> (ns, unit
         # multiplier, incremental); and the running value (ns) of its
@@ -168,6 +175,8 @@ class _Sequence:
         self.strings = {}
         self.clock_default = 0
         self.track_default = None
+        self.extra_default = []
+        self.extra_double_default = []
         self.counter_totals = {}
 
 
@@ -572,6 +581,8 @@ class _Reader:
                     and event_defaults.HasField("track_uuid")
                     else None
                 )
+                seq.extra_default = list(event_defaults.extra_counter_track_uuids)
+                seq.extra_double_default = list(event_defaults.extra_double_counter_track_uuids)
         if has("interned_data"):
             if seq is None:
                 self.problem(
@@ -849,12 +860,18 @@ class _Reader:
                 "undeclared_track", "a TrackEvent with no track_uuid and no default track; dropped"
             )
             return
-        if kind == _COUNTER:
-            self.counter_event(event, ts, uuid, seq)
-            return
-        if kind not in (_BEGIN, _END, _INSTANT):
+        if kind not in (_BEGIN, _END, _INSTANT, _COUNTER):
             self.problem("unsupported_event", f"a TrackEvent of type {kind}; ignored")
             return
+        if kind == _COUNTER or event.extra_counter_values or event.extra_double_counter_values:
+            samples = self.counter_samples(event, kind, uuid, seq)
+            if samples is None:
+                return
+            counters = self.counters
+            for sample_uuid, value in samples:
+                counters.append((ts, CounterSample(sample_uuid, ts, value)))
+            if kind == _COUNTER:
+                return
         name: str | None = None
         iid = event.name_iid
         if iid:
@@ -885,35 +902,84 @@ class _Reader:
         )
         self.events.append((ts, kind, uuid, name, category, args, flows, terminating, self.where))
 
-    def counter_event(self, event: pb.TrackEvent, ts: int, uuid: int, seq: _Sequence) -> None:
+    def counter_samples(
+        self, event: pb.TrackEvent, kind: int, uuid: int, seq: _Sequence
+    ) -> list[tuple[int, int | float]] | None:
+        """The counter values an event carries (its own, for a COUNTER, and its
+        extra counters), as (track uuid, value); None if trace_processor drops
+        the whole event."""
+        samples: list[tuple[int, int | float]] = []
+        if kind == _COUNTER:
+            which = event.WhichOneof("counter_value_field")
+            raw: int | float
+            if which == "counter_value":
+                raw = event.counter_value
+            elif which == "double_counter_value":
+                raw = event.double_counter_value
+            else:
+                self.problem(
+                    "counter_missing_value",
+                    f"a counter event without a value on track {uuid}; dropped",
+                )
+                return None
+            value = self.counter_value(uuid, raw, seq, "a counter event")
+            if value is None:
+                return None
+            samples.append((uuid, value))
+        ints = event.extra_counter_values
+        doubles = event.extra_double_counter_values
+        if not ints and not doubles:
+            return samples
+        index = 0
+        for values, own, default in (
+            (ints, event.extra_counter_track_uuids, seq.extra_default),
+            (doubles, event.extra_double_counter_track_uuids, seq.extra_double_default),
+        ):
+            if not values:
+                continue
+            uuids = list(own) if own else default
+            if len(values) > len(uuids):
+                self.problem(
+                    "extra_counter_mismatch",
+                    f"{len(values)} extra counter values but {len(uuids)} extra counter track "
+                    "uuids (in the event or its sequence's defaults); the event is dropped",
+                )
+                return None
+            if index + len(values) > _MAX_EXTRA_COUNTERS:
+                self.problem(
+                    "extra_counter_mismatch",
+                    f"more than {_MAX_EXTRA_COUNTERS} extra counter values; the event is dropped",
+                )
+                return None
+            index += len(values)
+            for extra_uuid, raw_extra in zip(uuids, values, strict=False):  # extra uuids unused
+                value = self.counter_value(extra_uuid, raw_extra, seq, "an extra counter value")
+                if value is None:
+                    return None
+                samples.append((extra_uuid, value))
+        return samples
+
+    def counter_value(
+        self, uuid: int, raw: int | float, seq: _Sequence, what: str
+    ) -> int | float | None:
+        """``raw`` as trace_processor stores it (unit_multiplier, incremental
+        counters); None (and a problem) if ``uuid`` is not a counter track yet."""
         track = self.tracks.get(uuid)
         if track is None:
             # Resolved at the end: a descriptor later in the file does not help.
             self.early_counters.append((uuid, self.where))
-            return
+            return None
         if track.kind != "counter":
             self.problem(
                 "counter_on_non_counter_track",
-                f"a counter event on {track.kind} track {uuid} ({track.name!r}); dropped",
+                f"{what} on {track.kind} track {uuid} ({track.name!r}); the event is dropped",
             )
-            return
-        which = event.WhichOneof("counter_value_field")
-        value: int | float
-        if which == "counter_value":
-            value = event.counter_value
-        elif which == "double_counter_value":
-            value = event.double_counter_value
-        else:
-            self.problem(
-                "counter_missing_value", f"a counter event without a value on track {uuid}; dropped"
-            )
-            return
-        if track.unit_multiplier != 1:
-            value = value * track.unit_multiplier
+            return None
+        value = raw * track.unit_multiplier if track.unit_multiplier != 1 else raw
         if track.is_incremental:
             value = seq.counter_totals.get(uuid, 0) + value
             seq.counter_totals[uuid] = value
-        self.counters.append((ts, CounterSample(uuid, ts, value)))
+        return value
 
     def annotation_name(self, ann: pb.DebugAnnotation, seq: _Sequence) -> str | None:
         iid = ann.name_iid
