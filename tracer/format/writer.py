@@ -221,6 +221,17 @@ class _ClosedBuffer:
 _MISSING = object()
 
 
+class _NoLastValues(dict):  # type: ignore[type-arg]
+    """Stands in for the counter dedupe memo after close: nothing equals a last
+    value, so counter() always reaches the closed buffer (and raises)."""
+
+    def get(self, key: object, default: object = None) -> object:
+        return _MISSING
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
 class TraceWriter:
     """Writes one Perfetto trace file, streaming.
 
@@ -771,29 +782,43 @@ class TraceWriter:
         if isinstance(track, CounterTrack):
             raise ValueError(f"{track!r} is a counter track; use counter()")
         interned: list[bytes] = []
-        event = b"\x48" + VARINT_TABLE[kind] + b"\x58" + varint(track.uuid)
-        if name is not None:
-            _check_name(name)
-            iid = self._intern(self._names, name, 2, interned)
-            event += b"\x50" + varint(iid) if iid else field_string(23, name)
-        if category is not None:
-            if not isinstance(category, str):
-                raise TypeError(f"category must be a str, got {type(category).__name__}")
-            iid = self._intern(self._categories, category, 1, interned)
-            event += b"\x18" + varint(iid) if iid else field_string(22, category)
-        cacheable = not (args or flows or terminating_flows) and kind != _END
-        if flows:
-            for flow in flows:
-                event += field_fixed64(47, _check_flow(flow))
-        if terminating_flows:
-            for flow in terminating_flows:
-                event += field_fixed64(48, _check_flow(flow))
-        if args:
-            if not isinstance(args, Mapping):
-                raise TypeError(f"args must be a mapping, got {type(args).__name__}")
-            for key, value in args.items():
-                event += field_bytes(4, self._annotation(key, value, interned, 0))
-        body = self._seq + b"\x5a" + varint(len(event)) + event
+        tables = (self._names, self._categories, self._arg_names, self._string_values)
+        sizes = [len(table) for table in tables]
+        try:
+            event = b"\x48" + VARINT_TABLE[kind] + b"\x58" + varint(track.uuid)
+            if name is not None:
+                _check_name(name)
+                iid = self._intern(self._names, name, 2, interned)
+                event += b"\x50" + varint(iid) if iid else field_string(23, name)
+            if category is not None:
+                if not isinstance(category, str):
+                    raise TypeError(f"category must be a str, got {type(category).__name__}")
+                iid = self._intern(self._categories, category, 1, interned)
+                event += b"\x18" + varint(iid) if iid else field_string(22, category)
+            cacheable = not (args or flows or terminating_flows) and kind != _END
+            if flows:
+                for flow in flows:
+                    event += field_fixed64(47, _check_flow(flow))
+            if terminating_flows:
+                for flow in terminating_flows:
+                    event += field_fixed64(48, _check_flow(flow))
+            if args:
+                if not isinstance(args, Mapping):
+                    raise TypeError(f"args must be a mapping, got {type(args).__name__}")
+                for key, value in args.items():
+                    event += field_bytes(4, self._annotation(key, value, interned, 0))
+            body = self._seq + b"\x5a" + varint(len(event)) + event
+            packet_body = body + field_bytes(12, b"".join(interned)) if interned else body
+            if ts is None:
+                ts = self._clock()
+            self._emit(ts, packet_body)
+        except BaseException:
+            # Nothing was written: forget what was interned for this event, or
+            # later events would use iids that are never defined in the trace.
+            for table, size in zip(tables, sizes, strict=True):
+                while len(table) > size:
+                    table.popitem()
+            raise
         if cacheable and name is not None and self._cache_sizes[kind] < _BODY_CACHE_LIMIT:
             cache = self._begin_cache if kind == _BEGIN else self._instant_cache
             per_track = cache.get(track)
@@ -803,11 +828,6 @@ class TraceWriter:
             if cache_key not in per_track:
                 per_track[cache_key] = _frames(body)
                 self._cache_sizes[kind] += 1
-        if interned:
-            body += field_bytes(12, b"".join(interned))
-        if ts is None:
-            ts = self._clock()
-        self._emit(ts, body)
         if len(self._buf) >= self._limit:
             self._flush_buffer()
 
@@ -840,7 +860,7 @@ class TraceWriter:
         if isinstance(value, int):
             if _INT64_MIN <= value <= _INT64_MAX:
                 return out + field_varint(4, value)
-            if value <= _UINT64_MAX:
+            if 0 <= value <= _UINT64_MAX:
                 return out + field_varint(3, value)
             return out + field_string(6, str(value))
         if isinstance(value, float):
@@ -918,6 +938,7 @@ class TraceWriter:
             self._flush_buffer()
         finally:
             self._buf = _ClosedBuffer()
+            self._counter_last = _NoLastValues()
             try:
                 self._file.close()
             except OSError as exc:
