@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tracer.errors import TracerError
 from tracer.format import TraceWriter
 from tracer.ray.levels import TracingLevel, resolve_level
 from tracer.ray.output import default_trace_path
@@ -53,22 +52,13 @@ def ray_tracer(
 
     execution_id = execution_id or new_execution_id()
     trace_path = Path(path) if path is not None else default_trace_path(runner_name, execution_id)
+    writer: TraceWriter | None = None
+    actor = None
     try:
         if path is None:
             trace_path.parent.mkdir(parents=True, exist_ok=True)
         writer = TraceWriter(trace_path, compress=compress)
-    except (OSError, TracerError) as exc:
-        # Tracing never breaks the job: run untraced, say so once.
-        logger.warning(
-            "tracer: cannot write a trace for execution %s (%s); running untraced",
-            execution_id,
-            exc,
-        )
-        yield _NULL
-        return
-    try:
         totals = ray.cluster_resources() if ray.is_initialized() else {}
-        actor = None
         if metrics_actor:
             from tracer.ray.channel import create_metrics_actor
 
@@ -82,9 +72,23 @@ def ray_tracer(
             metrics_actor=actor,
             memray_native_traces=memray_native_traces,
         )
-    except BaseException:
-        writer.close()
-        raise
+    except Exception as exc:
+        # Tracing never breaks the job: run untraced, and say so once.
+        logger.warning(
+            "tracer: cannot trace execution %s to %s (%s: %s); running untraced",
+            execution_id,
+            trace_path,
+            type(exc).__name__,
+            exc,
+        )
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        yield _NULL
+        return
     error: BaseException | None = None
     try:
         yield tracer
