@@ -285,8 +285,7 @@ class RunnerTracer:
         self._drain_metrics()
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
-        self.writer.flush()
-        self._last_flush = time.monotonic()
+        self._flush_checked()
 
     @contextlib.contextmanager
     def _loop_slice(self, name: str, args: dict[str, Any] | None = None) -> Iterator[None]:
@@ -672,10 +671,13 @@ class RunnerTracer:
     @_guarded
     def flush(self) -> None:
         """Write everything buffered to the file; stop tracing if the file was removed."""
-        if self._closed:
-            return
+        if not self._closed:
+            self._flush_checked()
+
+    def _flush_checked(self) -> None:
         self.writer.flush()
         self._last_flush = time.monotonic()
+        # On Linux, writes to a removed file succeed and vanish: check it is still there.
         if not self.trace_path.exists():
             raise TraceWriteError(f"trace file {self.trace_path} was removed while being written")
 
