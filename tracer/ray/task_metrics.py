@@ -132,7 +132,8 @@ def _finish(metrics: Metrics, peak_before: int) -> None:
     peak = max(metrics["rss_start"], rss_end)
     if peak_after > peak_before:
         peak = max(peak, peak_after)
-    metrics["rss_peak"] = peak
+    # Level 2 may have seen a higher RSS in memray's 10 ms snapshots.
+    metrics["rss_peak"] = max(peak, int(metrics.get("rss_peak") or 0))
 
 
 def _deliver(sink: Callable[[Metrics], None] | None, metrics: Metrics) -> None:
