@@ -27,6 +27,20 @@ COUNTER_AVAILABLE_CPUS = "available CPUs"
 COUNTER_AVAILABLE_GPUS = "available GPUs"
 COUNTER_AVAILABLE_MEMORY = "available memory"
 
+# Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
+# on a packet sequence of its own (see tracer.ray.memory_trace).
+#: Under a worker's thread: heap of the task running there (level 2, memray's
+#: 10 ms snapshots; 0 between tasks, as nothing is tracked then).
+COUNTER_WORKER_HEAP = "heap"
+#: Under a worker's thread: the worker process's RSS (level 1: at each task's
+#: start and end; level 2: also memray's 10 ms snapshots).
+COUNTER_WORKER_RSS = "RSS"
+#: Under a node's process: memory requested by the tasks running there.
+COUNTER_NODE_MEMORY_REQUESTED = "memory requested"
+#: Under a node's process: actual peak memory (ARG_MEMORY_PEAK) of the tasks
+#: running there, summed: each task counts its peak from its start to its end.
+COUNTER_NODE_MEMORY_USED = "memory used (task peaks)"
+
 # Dispatch-loop slices (category scheduler).
 SLICE_EXECUTION = "execution"
 SLICE_WAVE = "wave"
@@ -64,3 +78,28 @@ ARG_ERROR_TYPE = "error_type"
 ARG_ERROR = "error"
 ARG_STATUS = "status"
 ARG_ATTEMPT = "attempt"
+
+# Memory annotations (bytes). On execution slices:
+#: What the task asked Ray for (``memory=``); 0 means no request.
+ARG_MEMORY_REQUESTED = "memory_requested"
+#: The task's actual peak: at level 2 memray's heap high-water mark of the task
+#: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the worker
+#: process's peak RSS while the task ran (ARG_RSS_PEAK semantics: an upper bound
+#: that includes the worker's own baseline).
+ARG_MEMORY_PEAK = "memory_peak"
+#: ``true`` when memory_peak > memory_requested > 0; absent otherwise. A task
+#: with no request (0) is never "over": find those with memory_requested = 0.
+ARG_OVER_REQUEST = "over_request"
+ARG_HEAP_PEAK = "heap_peak"  # level 2: memray's heap high-water mark
+ARG_ALLOCATIONS = "allocations"  # level 2: allocations live at that peak
+ARG_HEAP_RETAINED = "heap_retained"  # level 2: bytes still allocated at the task's end
+ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_peak)
+#: Level 2, only when memray did not measure the task alone: "unavailable"
+#: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of
+#: the same worker process ran meanwhile and are in its heap figures).
+ARG_MEMRAY = "memray"
+ARG_MEMRAY_REASON = "memray_reason"
+#: On a task killed by Ray's OOM killer: the worker's memory use Ray reported.
+ARG_MEMORY_AT_KILL = "memory_used_at_kill"
+#: On stage slices, with memory_requested / memory_peak as {min, median, max}.
+ARG_TASKS_OVER_REQUEST = "tasks_over_request"

@@ -46,6 +46,7 @@ from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
+from tracer.ray.memory_trace import MemoryTrace
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.task_metrics import Metrics, TaskContext
 
@@ -82,6 +83,7 @@ class _TaskState:
         "dispatch_ts",
         "flow",
         "lane",
+        "metrics",
         "metrics_ref",
         "request",
         "stage_id",
@@ -98,6 +100,7 @@ class _TaskState:
         self.request = request
         self.dispatch_ts: int | None = None
         self.metrics_ref: Any = None
+        self.metrics: Metrics | None = None  # fetched early by task_error()
         self.attempt = 0
 
 
@@ -108,6 +111,7 @@ class _StageState:
         "last_ts",
         "name",
         "outstanding",
+        "over_request",
         "peaks",
         "requests",
         "stage_id",
@@ -127,6 +131,7 @@ class _StageState:
         self.tasks = 0
         self.requests: list[int] = []
         self.peaks: list[int] = []
+        self.over_request = 0
         self.written = False
 
 
@@ -204,6 +209,7 @@ class RunnerTracer:
         # Tasks whose measurements may come through the metrics actor, by id (for their flow).
         self._actor_tasks: dict[str, _TaskState] = {}
         self._lost_measurements = 0
+        self._memory = MemoryTrace(writer, level)
 
         totals = cluster_resources or {}
         self._total_cpus = float(totals.get("CPU", 0.0))
@@ -283,6 +289,7 @@ class RunnerTracer:
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
         self._drain_metrics()
+        self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
         self._flush_checked()
@@ -457,6 +464,34 @@ class RunnerTracer:
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
 
     @_guarded
+    def task_error(self, task_id: str) -> BaseException | None:
+        """The error a received task ended with, or None (level >= 1, return channel only).
+
+        Call it when the runner sees the task's result as ready, before
+        :meth:`task_received_as_ready`; on an error, report it with
+        :meth:`task_failed` instead. It reads the task's small measurements
+        return (inlined by Ray, no data is fetched), which raises exactly when
+        the task failed (a Ray error, an OOM kill, a crashed worker); the
+        measurements are kept for the trace, so they are not fetched twice.
+        Returns None for tasks without one (not dispatched traced, or the
+        metrics actor channel).
+        """
+        state = self._tasks.get(str(task_id))
+        if state is None or state.metrics_ref is None or state.metrics is not None:
+            return None
+        import ray
+
+        try:
+            metrics = ray.get(state.metrics_ref, timeout=10.0)
+        except ray.exceptions.GetTimeoutError:
+            return None  # left for the wave's drain
+        except Exception as exc:
+            return exc
+        if isinstance(metrics, dict):
+            state.metrics = metrics
+        return None
+
+    @_guarded
     def task_received_as_ready(self, task_id: str) -> None:
         """The runner saw the task's result as ready."""
         state = self._tasks.pop(str(task_id), None)
@@ -488,25 +523,39 @@ class RunnerTracer:
         """The task's result is an error: end its slices with the error, mark where it ran."""
         state = self._tasks.pop(str(task_id), None)
         now = self.writer.now()
-        err = _error_args(error)
-        if state is not None:
-            state.metrics_ref = None
-            self._finish_task(state, now, {L.ARG_STATUS: "failed", **err})
+        err: dict[str, Any] = dict(_error_args(error))
         metrics = _metrics_from_error(error)
         # An error raised by an upstream task carries that task's measurements, not ours.
-        if metrics is not None and str(metrics.get("task_id")) == str(task_id):
+        if metrics is not None and str(metrics.get("task_id")) != str(task_id):
+            metrics = None
+        where: dict[str, Any] = {}
+        node_id, pid = (None, 0) if metrics is not None else _where_from_error(error)
+        if node_id:
+            where[L.ARG_NODE_ID] = node_id
+        if pid:
+            where[L.ARG_WORKER_PID] = pid
+        memory: dict[str, Any] = {}
+        if state is not None:
+            memory[L.ARG_MEMORY_REQUESTED] = int(state.request.memory_bytes or 0)
+        at_kill = _memory_at_kill(error)
+        if at_kill:
+            memory[L.ARG_MEMORY_AT_KILL] = at_kill
+        if state is not None:
+            state.metrics_ref = None
+            state.metrics = None
+            self._finish_task(state, now, {L.ARG_STATUS: "failed", **err, **where, **memory})
+        if metrics is not None:
             metrics.setdefault("error_type", err[L.ARG_ERROR_TYPE])
             metrics.setdefault("error", err[L.ARG_ERROR])
             self._write_execution(metrics, state)
             return
-        node_id, pid = _where_from_error(error)
         track = self._loop
         if node_id or pid:
             node = self._node(node_id or "unknown")
             track = self._worker(node, pid).track if pid else node.track
         self.writer.instant(
             track, L.INSTANT_TASK_FAILED, now, category=L.CAT_EXECUTION,
-            args={L.ARG_TASK_ID: str(task_id), **err},
+            args={L.ARG_TASK_ID: str(task_id), **err, **memory},
         )
 
     @_guarded
@@ -514,6 +563,8 @@ class RunnerTracer:
         """No more tasks will be created for the stage: write its slice and flows now."""
         stage = self._stages.get(stage_id)
         if stage is not None:
+            if any(s.stage_id == stage_id for s in self._pending_metrics):
+                self._drain_metrics()  # its memory summary needs their measurements
             self._write_stage(stage)
 
     # ---------------------------------------------------------- measurements
@@ -521,6 +572,10 @@ class RunnerTracer:
     def _drain_metrics(self) -> None:
         """Fetch measurements of received tasks (return channel) and of the actor channel."""
         pending, self._pending_metrics = self._pending_metrics, []
+        for state in pending:
+            if state.metrics is not None:  # fetched by task_error()
+                self._write_execution(state.metrics, state)
+        pending = [s for s in pending if s.metrics is None]
         if pending:
             import ray
 
@@ -617,7 +672,7 @@ class RunnerTracer:
             args[L.ARG_ASSIGNED_RESOURCES] = {
                 k: _num(v) for k, v in m["assigned_resources"].items()
             }
-        args.update(self._memory_args(m, state, stage))
+        args.update(self._memory_args(m, state, stage, node.track, worker.track, start, end))
         if m.get("error_type"):
             args[L.ARG_STATUS] = "failed"
             args[L.ARG_ERROR_TYPE] = m["error_type"]
@@ -635,18 +690,29 @@ class RunnerTracer:
             )
 
     def _memory_args(
-        self, m: Metrics, state: _TaskState | None, stage: _StageState | None
+        self,
+        m: Metrics,
+        state: _TaskState | None,
+        stage: _StageState | None,
+        node: Track,
+        worker: Track,
+        start: int,
+        end: int,
     ) -> dict[str, Any]:
-        """Requested vs actual memory of one execution (extended at level 2)."""
-        out: dict[str, Any] = {}
-        peak = m.get("heap_peak") or m.get("rss_peak")
-        if state is not None:
-            out["memory_requested"] = int(state.request.memory_bytes or 0)
-        if peak:
-            out["memory_peak"] = int(peak)
-            if stage is not None:
-                stage.peaks.append(int(peak))
-        return out
+        """Requested vs actual memory of one execution; queues its memory counter samples."""
+        requested = int(state.request.memory_bytes or 0) if state is not None else None
+        args, peak, over = self._memory.execution(m, requested, node, worker, start, end)
+        if stage is not None and peak is not None:
+            stage.peaks.append(peak)
+            stage.over_request += over
+        return args
+
+    def _memory_watermark(self) -> int:
+        """No execution still to come can start before this: the earliest dispatch in flight."""
+        now = self.writer.now()
+        dispatched = [s.dispatch_ts for s in self._tasks.values() if s.dispatch_ts is not None]
+        dispatched.extend(s.dispatch_ts for s in self._pending_metrics if s.dispatch_ts)
+        return min(dispatched, default=now)
 
     # ----------------------------------------------------------------- stages
 
@@ -658,7 +724,8 @@ class RunnerTracer:
         if stage.requests:
             args["memory_requested"] = _summary(stage.requests)
         if stage.peaks:
-            args["memory_peak"] = _summary(stage.peaks)
+            args[L.ARG_MEMORY_PEAK] = _summary(stage.peaks)
+            args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
         self.writer.begin(
             stage.track, stage.name, stage.first_ts, category=L.CAT_STAGE, args=args,
             flows=stage.flows,
@@ -703,6 +770,7 @@ class RunnerTracer:
         self._actor_tasks.clear()
         for stage in self._stages.values():
             self._write_stage(stage)
+        self._memory.settle(None)
         args: dict[str, Any] = {"lost_measurements": self._lost_measurements}
         if error is not None:
             args.update(_error_args(error))
@@ -800,6 +868,9 @@ class NullRunnerTracer:
     def task_not_ready(self, task_id: str) -> None:
         pass
 
+    def task_error(self, task_id: str) -> None:
+        return None
+
     def task_received_as_ready(self, task_id: str) -> None:
         pass
 
@@ -857,11 +928,39 @@ def _root_cause(error: BaseException) -> BaseException:
 
 def _error_args(error: BaseException) -> dict[str, str]:
     cause = _root_cause(error)
-    message = str(error).strip().splitlines()
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    # A task's own exception (RayTaskError) ends with "Type: message" after its
+    # traceback; Ray's system errors (OOM kill, crashed worker) lead with the
+    # summary, followed by details (the OOM killer's report runs to ~40 lines).
+    message = lines[-1] if lines and cause is not error else " ".join(lines[:1])
+    if isinstance(error, _OOM_ERRORS) and len(lines) > 1:
+        reason = next((line for line in lines if line.startswith("OOM kill reason")), "")
+        message = f"{message} {reason}".strip()
     return {
         L.ARG_ERROR_TYPE: type(cause).__name__ if cause is not error else type(error).__name__,
-        L.ARG_ERROR: (message[-1] if message else "")[:500],
+        L.ARG_ERROR: message[:500],
     }
+
+
+def _oom_error_types() -> tuple[type[BaseException], ...]:
+    try:
+        from ray.exceptions import OutOfMemoryError
+    except Exception:  # pragma: no cover - ray is a dependency
+        return ()
+    return (OutOfMemoryError,)
+
+
+_OOM_ERRORS = _oom_error_types()
+_KILL_MEMORY_RE = re.compile(r"actual memory used=([0-9.]+)\s*([KMGT]?B)")
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _memory_at_kill(error: BaseException) -> int | None:
+    """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``)."""
+    match = _KILL_MEMORY_RE.search(str(error))
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 def _metrics_from_error(error: BaseException) -> Metrics | None:

@@ -1,0 +1,231 @@
+"""The memory part of a runner trace: requested vs actual, per task, worker, node, stage.
+
+:class:`MemoryTrace` is used by :class:`~tracer.ray.runner_tracer.RunnerTracer`
+(under its lock). For every execution it is given, it
+
+* returns the execution slice's memory annotations (names in
+  :mod:`tracer.ray.layout`): ``memory_requested``, ``memory_peak``,
+  ``over_request`` when the peak exceeds a non-zero request, and at level 2
+  ``heap_peak``, ``allocations``, ``heap_retained``, ``rss_peak`` (and
+  ``memray`` when memray did not measure the task alone);
+* queues samples for the worker's **heap** and **RSS** counters (under the
+  worker's thread track), written sorted by time at each :meth:`settle`;
+* queues the step changes of the node's **memory requested** and **memory
+  used (task peaks)** counters (under the node's process track).
+
+Executions arrive late (when the runner receives tasks, drained once per
+wave), so node counters are written only for the settled past: at each
+:meth:`settle` the runner passes a *watermark*, the earliest dispatch time of
+the tasks whose executions have not arrived yet (nothing can still start
+before it), and the steps up to it are written; the rest wait for a later
+settle or for the end (``settle(None)``). A step that arrives behind what was
+already written (clock skew between nodes, measurements from the metrics
+actor) is moved to the last written time, so the running totals stay right.
+
+Sizes: every counter lives on a :class:`~tracer.format.writer.CounterSequence`
+of its own per worker / node (delta timestamps in µs, values in KiB with
+``unit_multiplier=1024``), so a sample of both tracks of a pair is ~20 bytes
+and a sample equal to the previous one on its track is not written.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from tracer.format import TraceWriter, Track
+from tracer.format.writer import CounterSequence
+from tracer.ray import layout as L
+from tracer.ray.levels import TracingLevel
+
+__all__ = ["MemoryTrace", "kib"]
+
+_NS_PER_MS = 1_000_000
+
+
+def kib(nbytes: int) -> int:
+    """Bytes to the KiB that memory counters store (rounded to nearest)."""
+    return (int(nbytes) + 512) >> 10
+
+
+class _WorkerCounters:
+    __slots__ = ("pending", "sequence", "with_heap")
+
+    def __init__(self, sequence: CounterSequence, with_heap: bool) -> None:
+        self.sequence = sequence
+        self.with_heap = with_heap
+        # (ts, order, heap KiB or None, rss KiB or None); order keeps one task's samples in order
+        self.pending: list[tuple[int, int, int | None, int | None]] = []
+
+
+class _NodeCounters:
+    __slots__ = ("events", "last_ts", "requested", "sequence", "used")
+
+    def __init__(self, sequence: CounterSequence) -> None:
+        self.sequence = sequence
+        self.events: list[tuple[int, int, int, int]] = []  # heap of (ts, order, d_req, d_used)
+        self.requested = 0
+        self.used = 0
+        self.last_ts = 0
+
+
+class MemoryTrace:
+    """Requested vs actual memory of a runner's tasks; see the module doc."""
+
+    def __init__(self, writer: TraceWriter, level: int) -> None:
+        self.writer = writer
+        self.level = int(level)
+        self._workers: dict[Track, _WorkerCounters] = {}
+        self._nodes: dict[Track, _NodeCounters] = {}
+        self._order = 0
+
+    # ------------------------------------------------------------ executions
+
+    def execution(
+        self,
+        m: dict[str, Any],
+        requested: int | None,
+        node: Track,
+        worker: Track,
+        start: int,
+        end: int,
+    ) -> tuple[dict[str, Any], int | None, bool]:
+        """One execution's annotations, its actual peak and whether it is over its request.
+
+        Also queues its worker and node counter samples.
+        """
+        args: dict[str, Any] = {}
+        if requested is not None:
+            args[L.ARG_MEMORY_REQUESTED] = int(requested)
+        heap_peak = _int_or_none(m.get("heap_peak"))
+        rss_peak = _int_or_none(m.get("rss_peak"))
+        peak = heap_peak if heap_peak is not None else rss_peak
+        if peak is not None:
+            args[L.ARG_MEMORY_PEAK] = peak
+        over = bool(requested) and peak is not None and peak > int(requested or 0)
+        if over:
+            args[L.ARG_OVER_REQUEST] = True
+        if heap_peak is not None:
+            args[L.ARG_HEAP_PEAK] = heap_peak
+            for key, name in (
+                ("allocations", L.ARG_ALLOCATIONS),
+                ("heap_retained", L.ARG_HEAP_RETAINED),
+                ("rss_peak", L.ARG_RSS_PEAK),
+            ):
+                value = _int_or_none(m.get(key))
+                if value is not None:
+                    args[name] = value
+        status = m.get("memray")
+        if status:
+            args[L.ARG_MEMRAY] = str(status)
+            if m.get("memray_reason"):
+                args[L.ARG_MEMRAY_REASON] = str(m["memray_reason"])[:200]
+        self._queue_worker_samples(m, worker, start, end, heap_peak is not None)
+        if requested or peak:
+            self._queue_node_steps(node, start, end, int(requested or 0), int(peak or 0))
+        return args, peak, over
+
+    def _worker_counters(self, worker: Track) -> _WorkerCounters:
+        counters = self._workers.get(worker)
+        if counters is None:
+            w = self.writer
+            tracks = []
+            with_heap = self.level >= TracingLevel.MEMORY
+            if with_heap:
+                tracks.append(
+                    w.counter_track(
+                        L.COUNTER_WORKER_HEAP, parent=worker, unit="bytes", unit_multiplier=1024
+                    )
+                )
+            tracks.append(
+                w.counter_track(
+                    L.COUNTER_WORKER_RSS, parent=worker, unit="bytes", unit_multiplier=1024
+                )
+            )
+            counters = self._workers[worker] = _WorkerCounters(
+                w.counter_sequence(tracks), with_heap
+            )
+        return counters
+
+    def _queue_worker_samples(
+        self, m: dict[str, Any], worker: Track, start: int, end: int, tracked: bool
+    ) -> None:
+        counters = self._worker_counters(worker)
+        pending = counters.pending
+        rss_start = _int_or_none(m.get("rss_start"))
+        rss_end = _int_or_none(m.get("rss_end"))
+        heap0 = 0 if tracked and counters.with_heap else None
+        order = self._order
+        pending.append((start, order, heap0, _kib_or_none(rss_start)))
+        samples = m.get("memory_samples") if tracked else None
+        if samples and counters.with_heap:
+            for t_ms, heap, rss in samples:
+                order += 1
+                ts = min(max(int(t_ms) * _NS_PER_MS, start), end)
+                pending.append((ts, order, kib(heap), kib(rss)))
+        pending.append((end, order + 1, heap0, _kib_or_none(rss_end)))
+        self._order = order + 2
+
+    def _queue_node_steps(
+        self, node: Track, start: int, end: int, requested: int, used: int
+    ) -> None:
+        counters = self._nodes.get(node)
+        if counters is None:
+            w = self.writer
+            tracks = [
+                w.counter_track(
+                    L.COUNTER_NODE_MEMORY_REQUESTED, parent=node, unit="bytes",
+                    unit_multiplier=1024,
+                ),
+                w.counter_track(
+                    L.COUNTER_NODE_MEMORY_USED, parent=node, unit="bytes", unit_multiplier=1024
+                ),
+            ]
+            counters = self._nodes[node] = _NodeCounters(w.counter_sequence(tracks))
+        self._order += 1
+        heapq.heappush(counters.events, (start, self._order, requested, used))
+        self._order += 1
+        heapq.heappush(counters.events, (max(end, start), self._order, -requested, -used))
+
+    # ---------------------------------------------------------------- output
+
+    def settle(self, watermark: int | None) -> None:
+        """Write the queued worker samples, and the node steps up to ``watermark`` (None: all)."""
+        for counters in self._workers.values():
+            if not counters.pending:
+                continue
+            pending, counters.pending = counters.pending, []
+            pending.sort()
+            sample = counters.sequence.sample
+            if counters.with_heap:
+                for ts, _, heap, rss in pending:
+                    sample(ts, heap, rss)
+            else:
+                for ts, _, _, rss in pending:
+                    sample(ts, rss)
+        for node in self._nodes.values():
+            events = node.events
+            while events and (watermark is None or events[0][0] <= watermark):
+                ts = max(events[0][0], node.last_ts)
+                # Every step at this time first, then one sample.
+                while events and max(events[0][0], node.last_ts) == ts and (
+                    watermark is None or events[0][0] <= watermark
+                ):
+                    _, _, d_req, d_used = heapq.heappop(events)
+                    node.requested += d_req
+                    node.used += d_used
+                node.last_ts = ts
+                node.sequence.sample(ts, kib(node.requested), kib(node.used))
+
+
+def _kib_or_none(nbytes: int | None) -> int | None:
+    return None if nbytes is None else kib(nbytes)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
