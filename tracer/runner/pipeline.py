@@ -17,7 +17,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 
@@ -185,10 +185,15 @@ def _fetch(refs: list[Any]) -> list[Any]:
     try:
         return list(ray.get(refs))
     except ray.exceptions.RayTaskError as err:
-        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else None
-        if cause is not None:
-            raise cause from None
-        raise
+        _raise_task_error(err)
+
+
+def _raise_task_error(err: BaseException) -> NoReturn:
+    """Raise a failed task's error as the caller sees it: a stage's own exception unwrapped."""
+    cause = getattr(err, "cause", None)
+    if isinstance(err, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
+        raise cause from None
+    raise err
 
 
 class _DispatchLoop:
@@ -226,6 +231,9 @@ class _DispatchLoop:
             for s in self.stages
         ]
         self.results: dict[int, Any] = {}
+        self.failures: list[BaseException] = []  # failed tasks' errors (traced runs only)
+        self.dropped = [0] * len(self.stages)  # tasks never created: an upstream one failed
+        self.done: set[int] = set()  # stages reported done
 
     def _fits(self, stage: Stage, pending: int) -> bool:
         """Whether one more task of ``stage`` fits next to ``pending`` dispatched ones."""
@@ -260,6 +268,8 @@ class _DispatchLoop:
                     wave_metrics(dispatched=len(batch), received=done, inflight=len(self.inflight))
         finally:
             self.progress.close()
+        if self.failures:
+            _raise_task_error(self.failures[0])
         n = self.plan.partitions_seen
         return [self.results[i] for i in range(n)]
 
@@ -323,22 +333,42 @@ class _DispatchLoop:
                 ready.extend(more)
             update(num_ready=len(ready))
         last = len(self.stages) - 1
+        # Traced, a task's small measurements return says whether it failed (an
+        # exception, an OOM kill, a crashed worker): the tracer records it where
+        # it ran, its partition goes no further, and the run raises the first
+        # failure once the other partitions are done. Untraced (level 0) this
+        # costs nothing: errors surface at the final ray.get, as before.
+        check_errors = tracer.enabled
         for ref in ready:
             task = self.inflight.pop(ref)
-            self._account(self.stages[task.stage_index], -1)
-            tracer.task_received_as_ready(task.task_id)
-            self.received[task.stage_index] += 1
-            self.progress.update(task.stage_index, self.received[task.stage_index])
-            if task.stage_index == last:
-                self.results[task.partition] = ref
-                tracer.mark_handle_materialized_result()
-            self.plan.upstream_done(task, ref)
-            if self.plan.source_done and self.received[task.stage_index] == (
-                self.plan.partitions_seen
-            ):
-                tracer.stage_done(task.stage_index)
+            index = task.stage_index
+            self._account(self.stages[index], -1)
+            error = tracer.task_error(task.task_id) if check_errors else None
+            if error is None:
+                tracer.task_received_as_ready(task.task_id)
+            else:
+                tracer.task_failed(task.task_id, error)
+                self.failures.append(error)
+            self.received[index] += 1
+            self.progress.update(index, self.received[index])
+            if error is not None:
+                for later in range(index + 1, len(self.stages)):
+                    self.dropped[later] += 1  # its downstream tasks will never exist
+                    self._maybe_stage_done(later)
+            else:
+                if index == last:
+                    self.results[task.partition] = ref
+                    tracer.mark_handle_materialized_result()
+                self.plan.upstream_done(task, ref)
+            self._maybe_stage_done(index)
         tracer.count_inflight_tasks(len(self.inflight))
         return len(ready)
+
+    def _maybe_stage_done(self, index: int) -> None:
+        done = self.received[index] + self.dropped[index]
+        if self.plan.source_done and done == self.plan.partitions_seen and index not in self.done:
+            self.done.add(index)
+            self.tracer.stage_done(index)
 
 
 def _check_satisfiable(stages: Sequence[Stage]) -> None:
