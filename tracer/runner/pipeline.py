@@ -214,6 +214,7 @@ class _DispatchLoop:
         self.total_gpus = float(totals.get("GPU", 0.0))
         self.total_mem = float(totals.get("memory", 0.0))
         _check_satisfiable(self.stages)
+        _check_picklable(self.stages)
         cap = max_inflight if max_inflight is not None else max(1, 2 * math.ceil(self.total_cpus))
         self.max_inflight = max(1, cap)
         self.used = [0.0, 0.0, 0.0]
@@ -369,6 +370,21 @@ class _DispatchLoop:
         if self.plan.source_done and done == self.plan.partitions_seen and index not in self.done:
             self.done.add(index)
             self.tracer.stage_done(index)
+
+
+def _check_picklable(stages: Sequence[Stage]) -> None:
+    """Fail fast, and say which stage, when a function cannot be shipped to Ray workers."""
+    from ray import cloudpickle
+
+    for stage in stages:
+        try:
+            cloudpickle.dumps(stage.fn)
+        except Exception as exc:
+            raise TypeError(
+                f"stage {stage.name!r}: its function cannot be pickled to send to Ray workers "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "functions must not capture locks, open files, sockets or similar objects"
+            ) from exc
 
 
 def _check_satisfiable(stages: Sequence[Stage]) -> None:
