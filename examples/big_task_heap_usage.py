@@ -1,14 +1,19 @@
 """A pipeline whose tasks blow their data up and shrink it again: trace how big they get.
 
     python examples/big_task_heap_usage.py [--num-partitions N] [--num-rows-per-partition R]
-        [--inflation-factor F] [--deflation-factor D] [--tracing-level 0|1|2] [--trace-out PATH]
+        [--inflation-factor F] [--deflation-factor D] [--request-factor Q]
+        [--tracing-level 0|1|2] [--trace-out PATH]
 
 Partitions are made on the workers by a generator of factories: each is R
 rows of 64 random-looking bytes. The stage "inflate" (a UDF) repeats every
 row F times, so its output is F times bigger than its input; "deflate" keeps
-the first 1/D of every row. At tracing level 1 (the default) every task's
-execution slice shows its RSS peak next to its requested memory; at level 2
-memray measures each task's real heap peak.
+the first 1/D of every row. Each stage asks Ray for Q times the size of its
+input (``memory=``, a common rule of thumb), which is far too little for
+"inflate". At tracing level 1 (the default) every task's execution slice shows
+its worker's RSS peak next to its requested memory; at level 2 memray measures
+each task's real heap peak, and the tasks whose peak exceeds their request are
+flagged (``over_request``). At the end the script prints a per-stage table of
+requested vs actual memory, computed from the trace.
 
 It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
 (2 CPUs, an object store sized for the data). The trace goes to
@@ -28,6 +33,7 @@ from pathlib import Path
 
 import ray
 
+from tracer.ray.memory_report import memory_report
 from tracer.runner import Pipeline, Stage
 
 ROW_BYTES = 64
@@ -93,6 +99,10 @@ def main() -> None:
     parser.add_argument("--inflation-factor", type=_positive, default=16)
     parser.add_argument("--deflation-factor", type=_positive, default=8)
     parser.add_argument(
+        "--request-factor", type=_positive, default=2,
+        help="each stage requests this many times its input size as memory (default 2)",
+    )
+    parser.add_argument(
         "--tracing-level", default="1", help="0 (off), 1 (timeline, default) or 2 (memory)"
     )
     parser.add_argument(
@@ -103,11 +113,18 @@ def main() -> None:
     n, rows = args.num_partitions, args.num_rows_per_partition
     inflation, deflation = args.inflation_factor, args.deflation_factor
 
+    partition_bytes = rows * ROW_BYTES
     pipeline = Pipeline(
         partitions(n, rows),
         [
-            Stage("inflate", lambda part: inflate(part, inflation)),
-            Stage("deflate", lambda part: deflate(part, deflation)),
+            Stage(
+                "inflate", lambda part: inflate(part, inflation),
+                memory_bytes=args.request_factor * partition_bytes,
+            ),
+            Stage(
+                "deflate", lambda part: deflate(part, deflation),
+                memory_bytes=args.request_factor * partition_bytes * inflation,
+            ),
         ],
     )
     start_ray(object_store_bytes(n, rows, inflation, deflation))
@@ -125,6 +142,7 @@ def main() -> None:
     if pipeline.trace_path is None:
         print("tracing is off (level 0): no trace written")
         return
+    print(memory_report(pipeline.trace_path))
     print(f"trace written to {pipeline.trace_path}")
     print("open it at https://ui.perfetto.dev (Open trace file), or run:")
     print(f"  tracer open {pipeline.trace_path}")
