@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trace_helpers import trace_bytes
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
@@ -696,3 +698,82 @@ def test_late_events_are_parsed_in_timestamp_order() -> None:
     model = read_trace(data, strict=True)
     assert [(s.name, s.ts, s.dur, s.depth, s.parent_id) for s in model.slices] == [
         ("late", 10, 10, 0, None), ("open", 100, 100, 0, None)]
+
+
+# ------------------------------------------------------------------ untrusted input
+
+def test_nesting_past_protobufs_limit_is_a_bad_packet_not_a_crash() -> None:
+    deep = event(INSTANT, 1, 5, name="deep")
+    annotation = deep.track_event.debug_annotations.add(name="d")
+    for _ in range(300):
+        annotation = annotation.dict_entries.add(name="k")
+    annotation.int_value = 1
+    payload = deep.SerializeToString()  # framed by hand: Trace(packet=...) would re-parse it
+    length = bytearray()
+    n = len(payload)
+    while n > 0x7F:
+        length.append((n & 0x7F) | 0x80)
+        n >>= 7
+    length.append(n)
+    data = (trace_bytes(setup(), track(1)) + b"\x0a" + bytes(length) + payload
+            + trace_bytes(event(INSTANT, 1, 6, name="after")))
+    model = read_trace(data)
+    assert [i.name for i in model.instants] == ["after"]
+    assert [p.kind for p in model.problems] == ["bad_packet"]
+
+
+def _small_trace(compress: bool) -> bytes:
+    import tempfile
+
+    from trace_helpers import FakeClock
+
+    from tracer.format import TraceWriter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.perfetto-trace"
+        with TraceWriter(path, clock=FakeClock(1000), compress=compress, buffer_size=1024) as w:
+            lane = w.track("lane")
+            counter = w.counter_track("c", unit_multiplier=2)
+            sequence = w.counter_sequence([counter, w.counter_track("d")])
+            for i in range(20):
+                flow = w.new_flow_id()
+                w.begin(lane, f"n{i % 3}", 1000 + 10 * i, args={"a": i, "d": {"k": [1, "v"]}},
+                        flows=[flow])
+                w.instant(lane, "i", 1000 + 10 * i + 1, terminating_flows=[flow])
+                w.counter(counter, i, 1000 + 10 * i + 2)
+                sequence.sample(1000 + 10 * i + 3, i, -i)
+                w.end(lane, 1000 + 10 * i + 5)
+        return path.read_bytes()
+
+
+SMALL_TRACES = {False: _small_trace(False), True: _small_trace(True)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    compress=st.booleans(),
+    edits=st.lists(
+        st.tuples(st.sampled_from(["set", "delete", "insert", "cut"]), st.integers(0, 1 << 16),
+                  st.binary(min_size=1, max_size=8)),
+        min_size=1, max_size=6),
+    strict=st.booleans(),
+)
+def test_damaged_traces_never_raise_anything_but_trace_read_error(
+    compress: bool, edits: list[tuple[str, int, bytes]], strict: bool
+) -> None:
+    data = bytearray(SMALL_TRACES[compress])
+    for op, position, chunk in edits:
+        at = position % (len(data) + 1)
+        if op == "set" and data:
+            data[at % len(data)] = chunk[0]
+        elif op == "delete":
+            del data[at : at + len(chunk)]
+        elif op == "insert":
+            data[at:at] = chunk
+        else:
+            del data[at:]
+    try:
+        model = read_trace(bytes(data), strict=strict)
+    except TraceReadError:
+        return
+    assert model.packet_count >= 0
