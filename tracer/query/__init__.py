@@ -22,7 +22,7 @@ computed from :func:`tracer.format.read_trace` (``engine="reader"``, the
 default), for machines where no trace_processor binary can be had.
 """
 
-from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery
+from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery, check_trace_file
 from tracer.query.columns import SCHEMAS, records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import ENV_VAR, find_trace_processor
@@ -40,6 +40,7 @@ __all__ = [
     "TraceProcessorError",
     "TraceProcessorNotFoundError",
     "TraceQuery",
+    "check_trace_file",
     "find_trace_processor",
     "records",
     "sql_path",

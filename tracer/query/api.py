@@ -14,12 +14,12 @@ import pandas as pd
 from tracer.errors import TraceReadError
 from tracer.format import TraceModel, read_trace
 from tracer.query import from_model
-from tracer.query.columns import to_frame
+from tracer.query.columns import records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
-from tracer.query.processor import find_trace_processor, first_line, start_trace_processor
+from tracer.query.processor import find_trace_processor, one_line, start_trace_processor
 from tracer.query.sql import VIEWS, sql_text, worker_utilisation_sql
 
-__all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery"]
+__all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
 
 Engine = Literal["reader", "trace_processor", "auto"]
 ENGINES: tuple[str, ...] = ("reader", "trace_processor", "auto")
@@ -35,7 +35,8 @@ class QueryConfig:
       needs nothing else, works everywhere;
     * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
       trace_processor (fails if no binary can be found);
-    * ``"auto"``: trace_processor when a binary can be found, else the reader.
+    * ``"auto"``: trace_processor when a binary can be found and starts, else
+      the reader (:meth:`TraceQuery.warnings` says why).
 
     Both engines return the same columns and numbers. :meth:`TraceQuery.query`
     (arbitrary SQL) always needs trace_processor, whatever the engine.
@@ -84,6 +85,7 @@ class TraceQuery:
             raise TraceReadError(f"not a file: {self.path}")
         self._tp: Any = None
         self._model: TraceModel | None = None
+        self._fallback: str | None = None
         engine = self.config.engine
         if engine == "auto":
             try:
@@ -94,11 +96,17 @@ class TraceQuery:
                 engine = "reader"
         else:
             self._bin = None
+        if engine == "trace_processor":
+            try:
+                self._processor()
+            except TraceProcessorError as exc:
+                if self.config.engine != "auto":
+                    raise
+                self._fallback = str(exc)  # auto: a binary that does not work is no binary
+                engine = "reader"
         self.engine: Literal["reader", "trace_processor"] = engine
         if engine == "reader":
             self._model = read_trace(self.path)
-        else:
-            self._processor()
 
     # -------------------------------------------------------------- plumbing
 
@@ -111,9 +119,9 @@ class TraceQuery:
 
     def _processor(self) -> Any:
         if self._tp is None:
+            check_trace_file(self.path)
             if self._bin is None:
                 self._bin = find_trace_processor(self.config.trace_processor_path)
-            _check_looks_like_trace(self.path)
             tp = start_trace_processor(
                 self.path, self._bin, load_timeout=self.config.load_timeout,
                 verbose=self.config.verbose,
@@ -123,7 +131,7 @@ class TraceQuery:
             except Exception as exc:
                 tp.close()
                 raise TraceProcessorError(
-                    f"trace_processor rejected tracer_views.sql: {first_line(exc)}"
+                    f"trace_processor rejected tracer_views.sql: {one_line(exc)}"
                 ) from exc
             self._tp = tp
         return self._tp
@@ -140,7 +148,7 @@ class TraceQuery:
             result = tp.query(sql)
             frame = result.as_pandas_dataframe()
         except Exception as exc:
-            raise QueryError(first_line(exc)) from exc
+            raise QueryError(f"query failed: {one_line(exc)}") from exc
         return frame
 
     def _analysis(
@@ -157,9 +165,31 @@ class TraceQuery:
             return to_frame(frame, name)
         return to_frame(compute(self.model), name)
 
+    def run_info(self) -> dict[str, Any]:
+        """The traced run: ``execution_id``, ``runner``, ``tracing_level`` (None if unknown).
+
+        Read from the dispatch loop's ``execution`` slice (the first one, if
+        the trace holds several).
+        """
+        if self.engine == "trace_processor":
+            frame = self.query(
+                "SELECT EXTRACT_ARG(arg_set_id, 'debug.execution_id') AS execution_id, "
+                "EXTRACT_ARG(arg_set_id, 'debug.runner') AS runner, "
+                "EXTRACT_ARG(arg_set_id, 'debug.tracing_level') AS tracing_level "
+                "FROM slice WHERE category = 'scheduler' AND name = 'execution' AND depth = 0 "
+                "ORDER BY ts LIMIT 1"
+            )
+            rows = records(frame)
+            info = rows[0] if rows else {}
+        else:
+            info = from_model.run_info(self.model)
+        return {k: info.get(k) for k in ("execution_id", "runner", "tracing_level")}
+
     def warnings(self) -> list[str]:
         """What may make the answers incomplete: truncation, unterminated slices, problems."""
         out: list[str] = []
+        if self._fallback is not None:
+            out.append(f"{self._fallback}; used tracer's reader instead")
         if self.engine == "trace_processor":
             open_slices = self.query("SELECT COUNT(*) AS n FROM slice WHERE dur < 0")["n"].iloc[0]
             if open_slices:
@@ -234,8 +264,18 @@ class TraceQuery:
         return self._analysis("memory_flagged", from_model.memory_flagged)
 
 
-def _check_looks_like_trace(path: Path) -> None:
-    """A quick check before trace_processor sees the file (its own errors are vague)."""
+def check_trace_file(path: str | os.PathLike[str]) -> Path:
+    """A quick check that ``path`` is a readable file that starts like a Perfetto trace.
+
+    For tools that hand the file to something else (trace_processor, the
+    Perfetto UI), whose errors are vaguer. Raises
+    :class:`~tracer.errors.TraceReadError`; returns the path.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceReadError(f"no such trace file: {path}")
+    if not path.is_file():
+        raise TraceReadError(f"not a file: {path}")
     try:
         with path.open("rb") as f:
             head = f.read(2)
@@ -247,3 +287,4 @@ def _check_looks_like_trace(path: Path) -> None:
         raise TraceReadError(
             f"{path} is not a Perfetto protobuf trace (it does not start with a packet record)"
         )
+    return path

@@ -94,6 +94,7 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("peak_max_bytes", _I),
         ("over_request", _I),
         ("no_request", _I),
+        ("oom_killed", _I),
         ("peak_to_request_max", _F),
     ],
     "memory_by_node": [
@@ -111,8 +112,10 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("stage", _S),
         ("node", _S),
         ("worker", _S),
+        ("reason", _S),
         ("requested_bytes", _I),
         ("peak_bytes", _I),
+        ("peak_source", _S),
         ("excess_bytes", _I),
         ("ratio", _F),
     ],

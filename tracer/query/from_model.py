@@ -28,6 +28,7 @@ __all__ = [
     "memory_by_stage",
     "memory_flagged",
     "nearest_rank",
+    "run_info",
     "stage_summary",
     "task_latency",
     "task_latency_rows",
@@ -165,6 +166,7 @@ def tasks(model: TraceModel) -> list[Row]:
             "stage": t.name if stage is None else stage,
             "status": status,
             "memory_requested": _arg(args, L.ARG_RESOURCE_REQUEST, "memory_bytes"),
+            "memory_at_kill": _arg(args, L.ARG_MEMORY_AT_KILL),
             "created_ts": t.ts,
             "received_ts": received,
         }
@@ -186,6 +188,10 @@ def executions(model: TraceModel) -> list[Row]:
         ):
             continue
         node, worker = _thread_of(model, s.track_uuid)
+        peak = _arg(s.args, L.ARG_MEMORY_PEAK)
+        source = None
+        if peak is not None:
+            source = "heap" if _arg(s.args, L.ARG_HEAP_PEAK) is not None else "rss"
         rows.append(
             {
                 "slice_id": s.id,
@@ -194,8 +200,9 @@ def executions(model: TraceModel) -> list[Row]:
                 "start_ts": s.ts,
                 "end_ts": s.ts + s.dur,
                 "dur": s.dur,
-                "memory_requested": _arg(s.args, "memory_requested"),
-                "memory_peak": _arg(s.args, "memory_peak"),
+                "memory_requested": _arg(s.args, L.ARG_MEMORY_REQUESTED),
+                "memory_peak": peak,
+                "peak_source": source,
                 "status": _arg(s.args, L.ARG_STATUS),
                 "node": node,
                 "worker": worker,
@@ -253,11 +260,21 @@ def task_latency_rows(model: TraceModel) -> list[Row]:
                 "total_ns": _sub(t["received_ts"], t["created_ts"]),
                 "memory_requested": t["memory_requested"] if requested is None else requested,
                 "memory_peak": get("memory_peak"),
+                "peak_source": get("peak_source"),
+                "memory_at_kill": t["memory_at_kill"],
                 "task_slice_id": t["slice_id"],
                 "execution_slice_id": get("slice_id"),
             }
         )
     return rows
+
+
+def run_info(model: TraceModel) -> Row:
+    """``execution_id``, ``runner`` and ``tracing_level`` from the loop's first execution slice."""
+    for s in model.slices:
+        if s.category == L.CAT_SCHEDULER and s.name == L.SLICE_EXECUTION and s.depth == 0:
+            return {k: _arg(s.args, k) for k in ("execution_id", "runner", "tracing_level")}
+    return {}
 
 
 # ---------------------------------------------------------------- analyses
@@ -429,6 +446,7 @@ def memory_by_stage(model: TraceModel) -> list[Row]:
                     for r in rows
                     if not r["memory_requested"] and r["memory_peak"] is not None
                 ),
+                "oom_killed": sum(1 for r in rows if r["memory_at_kill"] is not None),
                 "peak_to_request_max": _max(ratios),
             }
         )
@@ -458,21 +476,37 @@ def memory_by_node(model: TraceModel) -> list[Row]:
 
 def memory_flagged(model: TraceModel) -> list[Row]:
     """``memory_flagged.sql``."""
-    out = [
-        {
-            "task_id": r["task_id"],
-            "attempt": r["attempt"],
-            "stage_id": r["stage_id"],
-            "stage": r["stage"],
-            "node": r["node"],
-            "worker": r["worker"],
-            "requested_bytes": r["memory_requested"],
-            "peak_bytes": r["memory_peak"],
-            "excess_bytes": r["memory_peak"] - r["memory_requested"],
-            "ratio": r["memory_peak"] / r["memory_requested"],
-        }
-        for r in task_latency_rows(model)
-        if _over_request(r)
-    ]
-    out.sort(key=lambda r: (-r["excess_bytes"], _key(r["task_id"]), _key(r["attempt"])))
+    out: list[Row] = []
+    for r in task_latency_rows(model):
+        killed = r["memory_at_kill"] is not None
+        if not killed and not _over_request(r):
+            continue
+        requested = r["memory_requested"]
+        peak = _coalesce(r["memory_peak"], r["memory_at_kill"])
+        has_request = requested is not None and requested > 0
+        out.append(
+            {
+                "task_id": r["task_id"],
+                "attempt": r["attempt"],
+                "stage_id": r["stage_id"],
+                "stage": r["stage"],
+                "node": r["node"],
+                "worker": r["worker"],
+                "reason": "oom killed" if killed else "over request",
+                "requested_bytes": requested,
+                "peak_bytes": peak,
+                "peak_source": r["peak_source"] if r["memory_peak"] is not None else "at kill",
+                "excess_bytes": _sub(peak, requested) if has_request else None,
+                "ratio": peak / requested if has_request and peak is not None else None,
+            }
+        )
+    out.sort(
+        key=lambda r: (
+            r["reason"] != "oom killed",
+            r["excess_bytes"] is None,
+            -(r["excess_bytes"] or 0),
+            _key(r["task_id"]),
+            _key(r["attempt"]),
+        )
+    )
     return out

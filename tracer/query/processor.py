@@ -96,14 +96,19 @@ def start_trace_processor(trace: Path, bin_path: str, *, load_timeout: float = 3
         return TraceProcessor(trace=str(trace), config=config)
     except Exception as exc:
         raise TraceProcessorError(
-            f"trace_processor ({bin_path}) could not load {trace}: {first_line(exc)}"
+            f"trace_processor ({bin_path}) could not load {trace}: {one_line(exc)}"
         ) from exc
 
 
-def first_line(exc: BaseException) -> str:
-    """An exception's message on one line (trace_processor's can span many)."""
-    text = str(exc).strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return type(exc).__name__
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line.
+
+    trace_processor's SQL errors span many lines (a traceback of the SQL, a
+    caret, then the reason): the reason is the last line.
+    """
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Traceback"):
+        return lines[-1]
+    return lines[0]

@@ -5,9 +5,10 @@
 --   peak_p50/max_bytes   measured peaks (nearest-rank p50)
 --   over_request         tasks with a request (> 0) whose peak exceeded it
 --   no_request           measured tasks that requested no memory
+--   oom_killed           tasks Ray's OOM killer killed
 --   peak_to_request_max  the largest peak / request of the stage
--- memory_peak is the worker's RSS at level 1 (it includes the worker process
--- itself) and memray's heap peak at level 2.
+-- memory_peak is memray's heap peak at level 2, else the worker's RSS (level 1;
+-- it includes the worker process itself): see tracer_execution.peak_source.
 WITH ranked AS (
   SELECT
     stage_id,
@@ -36,6 +37,7 @@ per_stage AS (
     COUNT(
       CASE WHEN COALESCE(memory_requested, 0) = 0 AND memory_peak IS NOT NULL THEN 1 END
     ) AS no_request,
+    COUNT(memory_at_kill) AS oom_killed,
     MAX(
       CASE WHEN memory_requested > 0 THEN CAST(memory_peak AS REAL) / memory_requested END
     ) AS peak_to_request_max
@@ -52,6 +54,7 @@ SELECT
   s.peak_max_bytes,
   s.over_request,
   s.no_request,
+  s.oom_killed,
   s.peak_to_request_max
 FROM per_stage AS s
 LEFT JOIN pct AS p ON p.stage_id IS s.stage_id

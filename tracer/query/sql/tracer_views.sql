@@ -15,7 +15,8 @@
 -- creation to its receipt (category 'task', named after the stage), with its
 -- nested 'dispatched' slice. received_ts is NULL for tasks the runner never
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
--- retry.
+-- retry. memory_at_kill is set on a task Ray's OOM killer killed (the worker's
+-- memory use Ray reported; such a task has no execution slice).
 DROP VIEW IF EXISTS tracer_task;
 CREATE VIEW tracer_task AS
 SELECT
@@ -26,6 +27,7 @@ SELECT
   COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.stage'), t.name) AS stage,
   EXTRACT_ARG(t.arg_set_id, 'debug.status') AS status,
   EXTRACT_ARG(t.arg_set_id, 'debug.resource_request.memory_bytes') AS memory_requested,
+  EXTRACT_ARG(t.arg_set_id, 'debug.memory_used_at_kill') AS memory_at_kill,
   t.ts AS created_ts,
   d.ts AS dispatched_ts,
   CASE
@@ -41,8 +43,10 @@ WHERE t.category = 'task' AND t.depth = 0;
 
 -- One row per task execution, measured inside the Ray worker (category
 -- 'execution', on a worker thread of a node process, or on a lane under the
--- worker when executions overlap). memory_peak is the task's peak memory
--- (level 1: the worker's RSS; level 2: memray's heap peak).
+-- worker when executions overlap). memory_peak is the task's peak memory:
+-- memray's heap peak at level 2 (peak_source 'heap'), else the worker
+-- process's peak RSS while the task ran (peak_source 'rss': level 1, or level 2
+-- when memray was unavailable; it includes the worker's own baseline).
 DROP VIEW IF EXISTS tracer_execution;
 CREATE VIEW tracer_execution AS
 SELECT
@@ -54,6 +58,11 @@ SELECT
   s.dur AS dur,
   EXTRACT_ARG(s.arg_set_id, 'debug.memory_requested') AS memory_requested,
   EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') AS memory_peak,
+  CASE
+    WHEN EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') IS NULL THEN NULL
+    WHEN EXTRACT_ARG(s.arg_set_id, 'debug.heap_peak') IS NOT NULL THEN 'heap'
+    ELSE 'rss'
+  END AS peak_source,
   EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,
   p.name AS node,
   th.name AS worker
@@ -95,6 +104,7 @@ matched AS (
     e.end_ts,
     e.memory_requested,
     e.memory_peak,
+    e.peak_source,
     e.status,
     e.node,
     e.worker,
@@ -125,6 +135,8 @@ SELECT
   t.received_ts - t.created_ts AS total_ns,
   COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
   m.memory_peak,
+  m.peak_source,
+  t.memory_at_kill,
   t.slice_id AS task_slice_id,
   m.slice_id AS execution_slice_id
 FROM tracer_task AS t

@@ -1,0 +1,219 @@
+"""``python -m tracer summary | memory | query``: outputs and errors, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cli_workloads
+import pytest
+
+from tracer.query import TraceQuery, find_trace_processor, records
+from tracer.query.errors import TraceProcessorNotFoundError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tracer(*args: str | Path, env: dict[str, str] | None = None,
+           stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tracer", *map(str, args)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, input=stdin,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def no_binary_env(tmp_path: Path) -> dict[str, str]:
+    """No trace_processor anywhere tracer looks (python itself is run by absolute path)."""
+    return {"TRACE_PROCESSOR_PATH": "", "HOME": str(tmp_path), "PATH": str(tmp_path)}
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tracer: error: "), lines[0]
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trace(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cli_workloads.run(tmp_path_factory.mktemp("cli") / "run.perfetto-trace")
+
+
+@pytest.fixture(scope="module")
+def truncated(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = trace.read_bytes()
+    path = tmp_path_factory.mktemp("cli") / "cut.perfetto-trace"
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+# ------------------------------------------------------------------- summary
+
+
+def test_summary_as_plain_text(trace: Path) -> None:
+    result = tracer("summary", trace)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    assert "\033[" not in out  # piped: no colours
+    assert out.isascii()  # piped: no box drawing, no µ
+    for title in ("Stages", "Task latency by stage", "Dispatch loop", "Workers"):
+        assert title in out
+    for stage in ("nap", "grow"):
+        assert f"  {stage}  " in out
+    for phase in ("plan polling", "batching", "dispatching", "awaiting", "gaps in waves"):
+        assert phase in out
+    assert "level 1" in out and "engine reader" in out
+    stages = out.split("Stages\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert stages[0].split()[:3] == ["id", "stage", "tasks"]
+    assert set(stages[1]) <= {"-", " "}
+    assert stages[2].split()[:3] == ["0", "nap", str(cli_workloads.PARTITIONS)]
+
+
+def test_summary_as_json_matches_the_api(trace: Path) -> None:
+    result = tracer("summary", trace, "--json", "--buckets", "5")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    q = TraceQuery(trace)
+    assert data["engine"] == "reader"
+    assert data["run"]["tracing_level"] == 1
+    assert data["stages"] == records(q.stage_summary())
+    assert data["latency_by_stage"] == records(q.latency_by_stage())
+    assert data["dispatch_loop"] == records(q.dispatch_loop())
+    assert data["worker_utilisation"] == records(q.worker_utilisation(5))
+    assert [s["stage"] for s in data["stages"]] == ["nap", "grow"]
+    assert all(s["tasks"] == cli_workloads.PARTITIONS for s in data["stages"])
+
+
+def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None:
+    result = tracer("summary", truncated)
+    assert result.returncode == 0, result.stderr
+    assert "tracer: warning: the trace is truncated" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Stages" in result.stdout
+
+
+def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path) -> None:
+    result = tracer("summary", trace, "--engine", "trace_processor", env=no_binary_env(tmp_path))
+    assert_one_line_error(result, "TRACE_PROCESSOR_PATH", "--engine reader")
+    auto = tracer("summary", trace, "--engine", "auto", "--json", env=no_binary_env(tmp_path))
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["engine"] == "reader"
+
+
+# -------------------------------------------------------------------- memory
+
+
+def test_memory_as_plain_text(trace: Path) -> None:
+    result = tracer("memory", trace)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Requested vs actual, by stage" in out
+    assert "By node" in out
+    n = cli_workloads.PARTITIONS
+    # Level 1 measures the worker's RSS: every 1 MiB nap task is over, no 1 GiB grow task.
+    assert f"Tasks over their memory request, or killed for memory: {n}" in out
+    assert "1.0 MiB" in out and "1.0 GiB" in out
+    assert out.count("over request  ") >= 1
+
+
+def test_memory_as_json(trace: Path) -> None:
+    result = tracer("memory", trace, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert {r["stage"] for r in data["flagged"]} == {"nap"}
+    assert len(data["flagged"]) == cli_workloads.PARTITIONS
+    assert [r["over_request"] for r in data["by_stage"]] == [cli_workloads.PARTITIONS, 0]
+    assert data["by_node"][0]["tasks"] == 2 * cli_workloads.PARTITIONS
+
+
+def test_memory_limit(trace: Path) -> None:
+    result = tracer("memory", trace, "--limit", "1")
+    assert result.returncode == 0, result.stderr
+    assert "(the worst 1; --limit 0 lists all)" in result.stdout
+
+
+# --------------------------------------------------------------------- query
+
+
+def test_query_without_a_binary_says_what_to_do(trace: Path, tmp_path: Path) -> None:
+    result = tracer("query", trace, "SELECT 1", env=no_binary_env(tmp_path))
+    assert_one_line_error(result, "TRACE_PROCESSOR_PATH", "https://")
+
+
+@pytest.fixture(scope="module")
+def tp_bin() -> str:
+    try:
+        return find_trace_processor()
+    except TraceProcessorNotFoundError:
+        pytest.skip("no trace_processor binary here: set TRACE_PROCESSOR_PATH to test `query`")
+
+
+def test_query_formats(trace: Path, tp_bin: str) -> None:
+    sql = "SELECT stage, COUNT(*) AS n FROM tracer_task GROUP BY stage ORDER BY stage"
+    env = {"TRACE_PROCESSOR_PATH": tp_bin}
+    n = cli_workloads.PARTITIONS
+    table = tracer("query", trace, sql, env=env)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split() == ["stage", "n"]
+    assert f"grow  {n}" in table.stdout
+    csv = tracer("query", trace, sql, "--csv", env=env)
+    assert csv.stdout.splitlines() == ["stage,n", f"grow,{n}", f"nap,{n}"]
+    js = tracer("query", trace, "-", "--json", env=env, stdin=sql)
+    assert json.loads(js.stdout) == [{"stage": "grow", "n": n}, {"stage": "nap", "n": n}]
+    bad = tracer("query", trace, "SELECT * FROM no_such_table", env=env)
+    assert_one_line_error(bad, "query failed", "no_such_table")
+
+
+# -------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("command", ["summary", "memory", "query"])
+def test_bad_trace_files(command: str, tmp_path: Path) -> None:
+    extra = ["SELECT 1"] if command == "query" else []
+    missing = tracer(command, tmp_path / "nope.perfetto-trace", *extra)
+    assert_one_line_error(missing, "no such trace file")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a trace\n")
+    assert_one_line_error(tracer(command, text, *extra), "not a Perfetto protobuf trace")
+    assert_one_line_error(tracer(command, tmp_path, *extra), "not a file")
+    empty = tmp_path / "empty.perfetto-trace"
+    empty.write_bytes(b"")
+    assert_one_line_error(tracer(command, empty, *extra), "empty")
+
+
+def test_usage_errors_exit_2(trace: Path) -> None:
+    assert tracer().returncode == 2
+    assert tracer("summary").returncode == 2
+    bad = tracer("summary", trace, "--buckets", "0")
+    assert bad.returncode == 2
+    assert "must be at least 1" in bad.stderr
+    assert tracer("summary", trace, "--engine", "sqlite").returncode == 2
+
+
+def test_help_lists_every_command() -> None:
+    result = tracer("--help")
+    assert result.returncode == 0
+    for command in ("summary", "memory", "query", "open"):
+        assert command in result.stdout
+
+
+def test_console_script(trace: Path) -> None:
+    script = Path(sys.executable).with_name("tracer")
+    if not script.exists():
+        pytest.skip("the `tracer` console script is not installed (pip install -e .)")
+    result = subprocess.run([str(script), "summary", str(trace), "--json"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    assert len(data["stages"]) == 2

@@ -1,0 +1,133 @@
+"""``python -m tracer open TRACE``: serves the file once on 127.0.0.1:9001, as the UI expects."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UI = "https://ui.perfetto.dev"
+
+
+def start(trace: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tracer", "open", str(trace), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ},
+    )
+
+
+def fetch(path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:9001{path}", method=method, headers={"Origin": UI},
+        data=b"{}" if method == "POST" else None,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        with err:  # close our end first, as a browser does
+            return err.code, dict(err.headers), err.read()
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "my run.perfetto-trace"  # a space: the link must quote it
+    # A few real-looking packet records (the command only checks the first byte).
+    path.write_bytes(b"\x0a\x02\x50\x01" * 1000)
+    return path
+
+
+def _bindable() -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", 9001))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def port_free() -> Iterator[None]:
+    deadline = time.monotonic() + 70  # connections another run left in TIME_WAIT expire in 60 s
+    while not _bindable():
+        if time.monotonic() > deadline:
+            pytest.skip("port 9001 is in use on this machine")
+        time.sleep(0.5)
+    yield
+
+
+def test_serves_the_trace_once_to_the_ui(trace: Path, port_free: None) -> None:
+    proc = start(trace, "--timeout", "60")
+    try:
+        assert proc.stdout is not None
+        link = proc.stdout.readline().strip()
+        assert link == (
+            f"{UI}/#!/?url=http://127.0.0.1:9001/{quote(trace.name)}&referrer=open_trace_in_ui"
+        )
+        # Bound to 127.0.0.1 only: another loopback address gets no answer.
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.2", 9001)) != 0
+        # Anything but the file is 404, the UI's RPC probe included; the server keeps going.
+        for path, method in (("/", "GET"), ("/other.perfetto-trace", "GET"), ("/status", "POST"),
+                             (f"/{quote(trace.name)}", "POST"), ("/../etc/passwd", "GET")):
+            status, _, _ = fetch(path, method)
+            assert status == 404, (path, method)
+        assert proc.poll() is None
+        status, headers, body = fetch(f"/{quote(trace.name)}")
+        assert status == 200
+        assert headers["Access-Control-Allow-Origin"] == UI
+        assert headers["Cache-Control"] == "no-cache"
+        assert body == trace.read_bytes()
+        # Served once: it exits, successfully.
+        assert proc.wait(timeout=10) == 0
+        with pytest.raises(urllib.error.URLError):
+            fetch(f"/{quote(trace.name)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_times_out(trace: Path, port_free: None) -> None:
+    started = time.monotonic()
+    proc = start(trace, "--timeout", "1")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 20
+    lines = [line for line in err.splitlines() if line.startswith("tracer: error:")]
+    assert len(lines) == 1 and "timed out after 1 s" in lines[0]
+    assert "Traceback" not in err
+
+
+def test_port_busy(trace: Path, port_free: None) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 9001))
+        holder.listen()
+        proc = start(trace, "--timeout", "5")
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert out == ""
+    assert err.strip().splitlines() == [err.strip()]
+    assert err.startswith("tracer: error: port 9001 on 127.0.0.1 is busy")
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    for path, needle in ((tmp_path / "nope", "no such trace file"), (tmp_path, "not a file")):
+        proc = start(path)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1
+        assert out == ""
+        assert err.strip() == err.strip().splitlines()[0]
+        assert needle in err

@@ -1,0 +1,103 @@
+"""A small runner trace written by hand, following tracer.ray.layout, with known answers.
+
+It has what real runs rarely show: a retried task (one task_id, two attempts,
+the first superseded), a task killed by Ray's OOM killer (no execution), a
+task left unfinished, overlapping executions on a lane under a worker, an
+execution no task claims, a phase outside waves, a no-op task, a "task failed"
+instant, and a last wave and execution slice that never end (as in a trace
+cut while written). All times are ns after BASE; the expected values of every
+analysis are in test_query_analyses.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tracer.format import TraceWriter
+from tracer.ray import layout as L
+
+BASE = 1_000_000_000_000
+NODE = "Node 0 (abc)"
+
+
+def write(path: Path) -> Path:
+    events: list[tuple[int, int, Callable[[], Any]]] = []
+    with TraceWriter(path, clock=lambda: BASE) as w:
+        sched = w.process_track(100, f"{L.SCHEDULER_PROCESS} (synthetic)", rank=0)
+        loop = w.thread_track(100, 100, L.DISPATCH_LOOP_THREAD)
+        del sched
+        tasks_root = w.track(L.TASKS_TRACK, rank=1)
+        lanes = [w.track(L.TASK_LANE, parent=tasks_root) for _ in range(3)]
+        pid = 2_000_000_000
+        w.process_track(pid, NODE, rank=1)
+        w11 = w.thread_track(pid, (1 << 32) | 11, f"{L.WORKER_THREAD_PREFIX} 11")
+        w12 = w.thread_track(pid, (1 << 32) | 12, f"{L.WORKER_THREAD_PREFIX} 12")
+        w12_lane = w.track(f"{L.WORKER_THREAD_PREFIX} 12", parent=w12)
+
+        def at(ts: int, fn: Callable[[], Any]) -> None:
+            events.append((ts, len(events), fn))
+
+        def span(track: Any, name: str, start: int, end: int | None, cat: str,
+                 args: dict[str, Any] | None = None, end_args: dict[str, Any] | None = None
+                 ) -> None:
+            at(start, lambda: w.begin(track, name, BASE + start, category=cat, args=args))
+            if end is not None:
+                at(end, lambda: w.end(track, BASE + end, args=end_args))
+
+        sch = L.CAT_SCHEDULER
+        span(loop, L.SLICE_EXECUTION, 0, None, sch, {"execution_id": "syn", "runner": "synthetic",
+                                                     "tracing_level": 1})
+        span(loop, L.SLICE_PLAN_POLLING, 5, 15, sch)
+        span(loop, L.SLICE_WAVE, 20, 520, sch, {"wave": 0})
+        span(loop, L.SLICE_BATCHING, 21, 61, sch)
+        span(loop, L.SLICE_PLAN_POLLING, 25, 35, sch)
+        span(loop, L.SLICE_PLAN_POLLING, 40, 50, sch)
+        span(loop, L.SLICE_DISPATCHING, 62, 82, sch)
+        span(loop, L.SLICE_AWAITING, 100, 400, sch)
+        span(loop, L.SLICE_NOOP_TASK, 410, 430, sch)
+        span(loop, L.SLICE_WAVE, 600, None, sch, {"wave": 1})
+        span(loop, L.SLICE_AWAITING, 650, 1100, sch)
+        at(55, lambda: w.instant(loop, L.INSTANT_TASK_ADDED, BASE + 55, category=sch))
+
+        def task(lane: Any, task_id: str, stage_id: int, stage: str, created: int,
+                 dispatched: int, end: int, memory: int, attempt: int = 0,
+                 end_args: dict[str, Any] | None = None) -> None:
+            args: dict[str, Any] = {
+                L.ARG_TASK_ID: task_id, L.ARG_STAGE_ID: stage_id, L.ARG_STAGE: stage,
+                L.ARG_RESOURCE_REQUEST: {"num_cpus": 1, "num_gpus": 0, "memory_bytes": memory},
+            }
+            if attempt:
+                args[L.ARG_ATTEMPT] = attempt
+            cat = L.CAT_TASK
+            at(created, lambda: w.begin(lane, stage, BASE + created, category=cat, args=args))
+            at(dispatched, lambda: w.begin(lane, L.SLICE_DISPATCHED, BASE + dispatched,
+                                           category=cat))
+            at(end, lambda: w.end(lane, BASE + end))  # the nested slice first
+            at(end, lambda: w.end(lane, BASE + end, args=end_args))
+
+        task(lanes[0], "a-0", 0, "map", 30, 70, 450, 100)
+        task(lanes[1], "a-1", 0, "map", 45, 75, 300, 100,
+             end_args={L.ARG_STATUS: "superseded"})
+        task(lanes[1], "a-1", 0, "map", 305, 310, 700, 100, attempt=1)
+        task(lanes[0], "b-0", 1, "reduce", 500, 520, 800, 0,
+             end_args={L.ARG_STATUS: "failed", L.ARG_ERROR_TYPE: "OutOfMemoryError",
+                       L.ARG_MEMORY_REQUESTED: 0, L.ARG_MEMORY_AT_KILL: 5000})
+        task(lanes[2], "b-1", 1, "reduce", 510, 530, 1150, 0,
+             end_args={L.ARG_STATUS: "unfinished"})
+
+        ex = L.CAT_EXECUTION
+        span(w11, "map", 150, 350, ex, {L.ARG_TASK_ID: "a-0", L.ARG_MEMORY_REQUESTED: 100,
+                                        L.ARG_MEMORY_PEAK: 250, L.ARG_OVER_REQUEST: True})
+        span(w12, "map", 120, 200, ex, {L.ARG_TASK_ID: "a-1", L.ARG_MEMORY_REQUESTED: 100})
+        span(w12, "map", 400, 600, ex, {L.ARG_TASK_ID: "a-1", L.ARG_MEMORY_REQUESTED: 100,
+                                        L.ARG_MEMORY_PEAK: 50, L.ARG_HEAP_PEAK: 50})
+        span(w12_lane, "reduce", 550, 1150, ex, {L.ARG_TASK_ID: "b-1"})
+        span(w11, "task", 1000, 1200, ex, {L.ARG_TASK_ID: "zzz"})
+        at(800, lambda: w.instant(w11, L.INSTANT_TASK_FAILED, BASE + 800, category=ex,
+                                  args={L.ARG_TASK_ID: "b-0"}))
+
+        for _, _, fn in sorted(events, key=lambda e: (e[0], e[1])):
+            fn()
+    return path

@@ -1,0 +1,194 @@
+"""Both engines give the same answers; finding (or not finding) trace_processor.
+
+The SQL files run three ways here:
+
+* in plain SQLite on tables shaped like trace_processor's (sqlite_tp.py),
+  always: the SQL is valid and computes what the reader engine computes;
+* in a real trace_processor, when a binary can be found ($TRACE_PROCESSOR_PATH,
+  the perfetto package's cache, or trace_processor_shell on PATH); skipped
+  otherwise, with the reason.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import sqlite_tp
+from pandas.testing import assert_frame_equal
+
+from tracer.query import (
+    ANALYSES,
+    VIEWS,
+    QueryConfig,
+    QueryError,
+    TraceProcessorError,
+    TraceProcessorNotFoundError,
+    TraceQuery,
+    find_trace_processor,
+    sql_text,
+    to_frame,
+)
+from tracer.query.sql import worker_utilisation_sql
+
+TRACES = ["level1_trace", "level2_trace", "truncated_trace", "synthetic"]
+BUCKETS = 7
+
+
+def _analysis(q: TraceQuery, name: str) -> pd.DataFrame:
+    if name == "worker_utilisation":
+        return q.worker_utilisation(BUCKETS)
+    result: pd.DataFrame = getattr(q, name)()
+    return result
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
+    assert_frame_equal(a, b, check_exact=False, rtol=1e-12, obj=name)
+
+
+# ------------------------------------------------------------- the SQL files
+
+
+def test_every_analysis_ships_as_a_sql_file() -> None:
+    for name in (VIEWS, *ANALYSES):
+        text = sql_text(name)
+        assert text.startswith(f"-- {name}.sql"), name
+    with pytest.raises(KeyError):
+        sql_text("nope")
+    assert "SELECT 5 AS buckets" in worker_utilisation_sql(5)
+    assert "debug.task_id" in sql_text(VIEWS)
+
+
+@pytest.mark.parametrize("trace", TRACES)
+def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(trace)
+    q = TraceQuery(path)
+    db = sqlite_tp.load(path)
+    for name in ANALYSES:
+        from_sql = to_frame(sqlite_tp.analysis(db, name, BUCKETS), name)
+        _same(from_sql, _analysis(q, name), name)
+        if trace != "truncated_trace" or name != "memory_flagged":
+            assert len(from_sql) > 0 or name == "memory_flagged", name
+
+
+def test_sqlite_check_can_fail(synthetic: Path) -> None:
+    """The comparison above catches a wrong number (a guard against a vacuous check)."""
+    db = sqlite_tp.load(synthetic)
+    q = TraceQuery(synthetic)
+    tampered = sqlite_tp.run(db, sql_text("stage_summary").replace("(50 * n + 99)", "(60 * n)"))
+    with pytest.raises(AssertionError):
+        _same(to_frame(tampered, "stage_summary"), q.stage_summary(), "stage_summary")
+
+
+# ------------------------------------------------------- real trace_processor
+
+
+@pytest.fixture(scope="module")
+def tp_bin() -> str:
+    try:
+        return find_trace_processor()
+    except TraceProcessorNotFoundError:
+        pytest.skip(
+            "no trace_processor binary here: set TRACE_PROCESSOR_PATH to check the SQL files "
+            "in trace_processor (they are checked in SQLite above)"
+        )
+
+
+@pytest.mark.parametrize("trace", TRACES)
+def test_trace_processor_agrees_with_the_reader(
+    trace: str, tp_bin: str, request: pytest.FixtureRequest
+) -> None:
+    path: Path = request.getfixturevalue(trace)
+    reader = TraceQuery(path)
+    with TraceQuery(path, QueryConfig(engine="trace_processor", trace_processor_path=tp_bin)) as tp:
+        assert tp.engine == "trace_processor"
+        for name in ANALYSES:
+            _same(_analysis(tp, name), _analysis(reader, name), name)
+        assert tp.run_info() == reader.run_info()
+
+
+def test_trace_processor_runs_any_sql(level1_trace: Path, tp_bin: str) -> None:
+    with TraceQuery(level1_trace, QueryConfig(trace_processor_path=tp_bin)) as q:
+        n = q.query("SELECT COUNT(*) AS n FROM tracer_task")["n"].iloc[0]
+        assert n == len(TraceQuery(level1_trace).task_latency())
+        with pytest.raises(QueryError, match="query failed"):
+            q.query("SELECT * FROM no_such_table")
+
+
+# --------------------------------------------------- finding trace_processor
+
+
+@pytest.fixture
+def no_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A machine with no trace_processor anywhere tracer looks."""
+    monkeypatch.delenv("TRACE_PROCESSOR_PATH", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+
+
+def _fake_binary(tmp_path: Path, body: str = "exit 3") -> Path:
+    path = tmp_path / "trace_processor_shell"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_no_binary_is_a_clear_error(no_binary: None) -> None:
+    with pytest.raises(TraceProcessorNotFoundError) as err:
+        find_trace_processor()
+    message = str(err.value)
+    assert "TRACE_PROCESSOR_PATH" in message
+    assert "https://" in message  # where to get one
+    assert "--engine reader" in message  # what works without it
+
+
+def test_the_env_var_is_checked(
+    no_binary: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRACE_PROCESSOR_PATH", str(tmp_path / "missing"))
+    with pytest.raises(TraceProcessorNotFoundError, match="no such file"):
+        find_trace_processor()
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    monkeypatch.setenv("TRACE_PROCESSOR_PATH", str(plain))
+    with pytest.raises(TraceProcessorNotFoundError, match="not an executable"):
+        find_trace_processor()
+    fake = _fake_binary(tmp_path)
+    monkeypatch.setenv("TRACE_PROCESSOR_PATH", str(fake))
+    assert find_trace_processor() == str(fake)
+    # An explicit path wins over the variable.
+    (tmp_path / "other").mkdir()
+    other = _fake_binary(tmp_path / "other")
+    assert find_trace_processor(other) == str(other)
+
+
+def test_path_lookup(no_binary: None, tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    fake = _fake_binary(tmp_path / "bin")
+    assert find_trace_processor() == str(fake)
+
+
+def test_engines_without_a_binary(no_binary: None, synthetic: Path) -> None:
+    auto = TraceQuery(synthetic, QueryConfig(engine="auto"))
+    assert auto.engine == "reader"
+    assert len(auto.stage_summary()) == 2
+    with pytest.raises(TraceProcessorNotFoundError):
+        TraceQuery(synthetic, QueryConfig(engine="trace_processor"))
+    with pytest.raises(TraceProcessorNotFoundError):
+        auto.query("SELECT 1")
+
+
+def test_a_binary_that_fails_to_start(no_binary: None, synthetic: Path, tmp_path: Path) -> None:
+    fake = _fake_binary(tmp_path, "echo broken >&2; exit 3")
+    config = QueryConfig(engine="trace_processor", trace_processor_path=str(fake), load_timeout=2)
+    with pytest.raises(TraceProcessorError, match="could not load") as err:
+        TraceQuery(synthetic, config)
+    assert "\n" not in str(err.value)
+    # auto: a binary that does not start is no binary; the reader answers, and says why.
+    auto = TraceQuery(synthetic, QueryConfig(engine="auto", trace_processor_path=str(fake),
+                                             load_timeout=2))
+    assert auto.engine == "reader"
+    assert any("could not load" in w for w in auto.warnings())
+    assert len(auto.stage_summary()) == 2

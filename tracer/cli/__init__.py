@@ -1,0 +1,63 @@
+"""The ``tracer`` command: answers from a trace on the command line.
+
+::
+
+    tracer summary TRACE        stages, task latency, dispatch loop, workers
+    tracer memory TRACE         requested vs actual memory, tasks over their request
+    tracer query TRACE SQL      any SQL, in trace_processor
+    tracer open TRACE           open the trace in the Perfetto UI
+
+One module per command (``tracer.cli.<command>``), each with ``add_parser``
+and ``run``. Errors a user can cause print one line on stderr and exit 1;
+usage errors exit 2 (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from tracer.cli import memory, open_trace, query, summary
+from tracer.cli._common import error
+from tracer.errors import TracerError
+
+__all__ = ["build_parser", "main"]
+
+_COMMANDS = (summary, memory, query, open_trace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracer",
+        description="Answers from a Perfetto trace of a Ray task runner.",
+        epilog="Run `tracer COMMAND --help` for a command's options.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _COMMANDS:
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.run(args)
+        sys.stdout.flush()
+        return int(status or 0)
+    except TracerError as exc:
+        error(str(exc))
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`tracer summary T | head`): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        error(f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}")
+    return 1

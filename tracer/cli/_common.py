@@ -1,0 +1,68 @@
+"""What the commands share: trace arguments, opening a TraceQuery, messages."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from tracer.query import ENGINES, QueryConfig, TraceQuery
+
+__all__ = ["add_trace_args", "error", "open_query", "positive_int", "warn"]
+
+
+def error(message: str) -> None:
+    print(f"tracer: error: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    print(f"tracer: warning: {message}", file=sys.stderr)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
+    parser.add_argument("trace", metavar="TRACE", help="a .perfetto-trace file written by tracer")
+    if engine:
+        parser.add_argument(
+            "--engine",
+            choices=ENGINES,
+            default="reader",
+            help=(
+                "what computes the analyses: 'reader' (default; tracer's own trace reader, "
+                "works everywhere), 'trace_processor' (the SQL files of tracer/query/sql in "
+                "trace_processor; needs a binary) or 'auto' (trace_processor when a binary is "
+                "found, else the reader). Both give the same numbers."
+            ),
+        )
+    parser.add_argument(
+        "--trace-processor",
+        metavar="PATH",
+        help="trace_processor_shell binary (default: $TRACE_PROCESSOR_PATH, then the one the "
+        "perfetto package cached, then trace_processor_shell on PATH)",
+    )
+
+
+@contextlib.contextmanager
+def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[TraceQuery]:
+    """A TraceQuery for ``args.trace``; prints its warnings (truncation...) on stderr."""
+    chosen = engine or getattr(args, "engine", "reader")
+    if chosen not in ENGINES:  # argparse's choices keep this from happening
+        raise ValueError(f"unknown engine {chosen!r}")
+    config = QueryConfig(
+        engine=chosen,  # type: ignore[arg-type]
+        trace_processor_path=args.trace_processor,
+    )
+    with TraceQuery(args.trace, config) as q:
+        for message in q.warnings():
+            warn(message)
+        yield q

@@ -1,0 +1,212 @@
+"""Tables for people (a terminal, or plain text when piped) and JSON / CSV for machines."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import pandas as pd
+
+from tracer.query import records
+
+__all__ = [
+    "Column",
+    "Style",
+    "fmt_bytes",
+    "fmt_count",
+    "fmt_dur",
+    "fmt_share",
+    "print_json",
+    "render_csv",
+    "render_frame",
+    "render_table",
+    "sparkline",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Style:
+    """How to draw: ``rich`` on a terminal (bold, box rules, µ, blocks), else plain ASCII."""
+
+    rich: bool
+    color: bool
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Style:
+        tty = bool(getattr(stream, "isatty", lambda: False)())
+        color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        return cls(rich=tty, color=color)
+
+    def bold(self, text: str) -> str:
+        return f"\033[1m{text}\033[0m" if self.color else text
+
+    def dim(self, text: str) -> str:
+        return f"\033[2m{text}\033[0m" if self.color else text
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column: its header, the row key, how to format a value, and alignment."""
+
+    header: str
+    key: str
+    fmt: Callable[[Any, Style], str] | None = None
+    right: bool = True
+
+
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_dur(ns: Any, style: Style) -> str:
+    """Nanoseconds as a short duration: 812 ns, 81.8 µs, 5.41 ms, 1.14 s, 12 min."""
+    if _missing(ns):
+        return "-"
+    value = float(ns)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    micro = "µs" if style.rich else "us"
+    for limit, div, unit in ((1e3, 1.0, "ns"), (1e6, 1e3, micro), (1e9, 1e6, "ms"),
+                             (600e9, 1e9, "s")):
+        if value < limit:
+            return f"{sign}{_sig(value / div)} {unit}"
+    return f"{sign}{_sig(value / 60e9)} min"
+
+
+def fmt_bytes(n: Any, style: Style) -> str:
+    """Bytes in binary units: 512 B, 10.0 MiB, 1.25 GiB."""
+    if _missing(n):
+        return "-"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_share(x: Any, style: Style) -> str:
+    if _missing(x):
+        return "-"
+    return f"{100 * float(x):.1f}%"
+
+
+def fmt_count(x: Any, style: Style) -> str:
+    if _missing(x):
+        return "-"
+    return str(int(x))
+
+
+def fmt_ratio(x: Any, style: Style) -> str:
+    if _missing(x):
+        return "-"
+    return f"{float(x):.2f}x"
+
+
+def fmt_text(x: Any, style: Style) -> str:
+    return "-" if _missing(x) else str(x)
+
+
+def _sig(value: float) -> str:
+    """Three significant digits, no exponent."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+_ASCII = " .:-=+*#"
+
+
+def sparkline(fractions: Sequence[float], style: Style) -> str:
+    """Busy fractions (0..1, more is clamped) as one character each."""
+    ramp = _BLOCKS if style.rich else _ASCII
+    out = []
+    for f in fractions:
+        f = 0.0 if f is None or math.isnan(f) else min(max(f, 0.0), 1.0)
+        out.append(ramp[min(int(f * len(ramp)), len(ramp) - 1)])
+    return "".join(out)
+
+
+def render_table(
+    title: str | None,
+    columns: Sequence[Column],
+    rows: Sequence[dict[str, Any]],
+    style: Style,
+    *,
+    empty: str = "(none)",
+) -> str:
+    """A table with a title line, a header, a rule and one line per row."""
+    cells = [
+        [(c.fmt or fmt_text)(row.get(c.key), style) for c in columns] for row in rows
+    ]
+    headers = [c.header for c in columns]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if c.right else v.ljust(w)
+            for v, w, c in zip(values, widths, columns, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out: list[str] = []
+    if title:
+        out.append(style.bold(title))
+    if not rows:
+        out.append(f"  {empty}")
+        return "\n".join(out)
+    rule = "─" if style.rich else "-"
+    out.append(style.bold(line(headers)))
+    out.append(style.dim("  ".join(rule * w for w in widths)))
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def render_frame(frame: pd.DataFrame, style: Style) -> str:
+    """Any query result as a table (values as they are, left-aligned text)."""
+    rows = records(frame)
+    columns = [
+        Column(str(name), str(name), right=pd.api.types.is_numeric_dtype(frame[name]))
+        for name in frame.columns
+    ]
+    return render_table(None, columns, rows, style, empty="(no rows)")
+
+
+def render_csv(frame: pd.DataFrame) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([str(c) for c in frame.columns])
+    for row in records(frame):
+        writer.writerow(["" if v is None else v for v in row.values()])
+    return buffer.getvalue()
+
+
+def print_json(data: Any, stream: TextIO | None = None) -> None:
+    out = stream or sys.stdout
+    json.dump(data, out, indent=2, allow_nan=False, default=_json_default)
+    out.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -1,0 +1,133 @@
+"""``tracer memory TRACE``: requested vs actual memory per stage and node, and the flagged tasks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tracer.cli._common import add_trace_args, open_query
+from tracer.cli._output import (
+    Column,
+    Style,
+    fmt_bytes,
+    fmt_count,
+    fmt_ratio,
+    print_json,
+    render_table,
+)
+from tracer.query import records
+
+HELP = "requested vs actual memory per stage and node, and the tasks over their request"
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "memory",
+        help=HELP,
+        description=(
+            "Compare what tasks asked Ray for (memory=, a reservation Ray never enforces) with "
+            "what they used: per stage, per node, and every task whose measured peak exceeded "
+            "its request. At tracing level 1 the peak is the worker process's RSS (it includes "
+            "the worker's own baseline, ~100 MiB); at level 2 it is memray's heap peak of the "
+            "task."
+        ),
+    )
+    add_trace_args(parser)
+    parser.add_argument(
+        "--limit", type=int, default=20,
+        help="flagged tasks to list on a terminal, worst first (default 20; 0: all)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (bytes) for machines")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_query(args) as q:
+        info = q.run_info()
+        by_stage = q.memory_by_stage()
+        by_node = q.memory_by_node()
+        flagged = q.memory_flagged()
+        engine = q.engine
+    if args.json:
+        print_json(
+            {
+                "trace": str(args.trace),
+                "engine": engine,
+                "run": info,
+                "by_stage": records(by_stage),
+                "by_node": records(by_node),
+                "flagged": records(flagged),
+            }
+        )
+        return 0
+    style = Style.for_stream(sys.stdout)
+    level = info.get("tracing_level")
+    measured = {
+        1: "peak = the worker's RSS peak (level 1; includes the worker's own ~100 MiB)",
+        2: "peak = memray's heap peak of the task (level 2; RSS where memray was unavailable)",
+    }.get(level if isinstance(level, int) else -1, "peak = the measured peak")
+    parts = [
+        style.bold(f"Trace {args.trace}") + "  " + style.dim(f"{measured}; engine {engine}"),
+        render_table(
+            "Requested vs actual, by stage",
+            [
+                Column("id", "stage_id", fmt_count),
+                Column("stage", "stage", right=False),
+                Column("tasks", "tasks", fmt_count),
+                Column("measured", "measured", fmt_count),
+                Column("requested", "requested_bytes", fmt_bytes),
+                Column("peak p50", "peak_p50_bytes", fmt_bytes),
+                Column("peak max", "peak_max_bytes", fmt_bytes),
+                Column("over request", "over_request", fmt_count),
+                Column("no request", "no_request", fmt_count),
+                Column("oom killed", "oom_killed", fmt_count),
+                Column("worst peak/request", "peak_to_request_max", fmt_ratio),
+            ],
+            records(by_stage),
+            style,
+            empty="(no tasks in this trace)",
+        ),
+        render_table(
+            "By node",
+            [
+                Column("node", "node", right=False),
+                Column("tasks", "tasks", fmt_count),
+                Column("peak p50", "peak_p50_bytes", fmt_bytes),
+                Column("peak max", "peak_max_bytes", fmt_bytes),
+                Column("over request", "over_request", fmt_count),
+                Column("worst excess", "excess_max_bytes", fmt_bytes),
+            ],
+            records(by_node),
+            style,
+            empty="(no measured tasks)",
+        ),
+    ]
+    rows = records(flagged)
+    shown = rows if args.limit <= 0 else rows[: args.limit]
+    title = f"Tasks over their memory request, or killed for memory: {len(rows)}"
+    if len(shown) < len(rows):
+        title += f" (the worst {len(shown)}; --limit 0 lists all)"
+    parts.append(
+        render_table(
+            title,
+            [
+                Column("task", "task_id", right=False),
+                Column("attempt", "attempt", fmt_count),
+                Column("stage", "stage", right=False),
+                Column("node", "node", right=False),
+                Column("worker", "worker", right=False),
+                Column("reason", "reason", right=False),
+                Column("requested", "requested_bytes", fmt_bytes),
+                Column("peak", "peak_bytes", fmt_bytes),
+                Column("peak of", "peak_source", right=False),
+                Column("excess", "excess_bytes", fmt_bytes),
+                Column("peak/request", "ratio", fmt_ratio),
+            ],
+            shown,
+            style,
+            empty="(none: every measured task stayed within its request)",
+        )
+    )
+    print("\n\n".join(parts))
+    return 0

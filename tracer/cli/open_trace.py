@@ -1,0 +1,180 @@
+"""``tracer open TRACE``: hand the trace to the Perfetto UI, the way it expects.
+
+The UI (https://ui.perfetto.dev) may fetch a trace from exactly one local
+origin: ``http://127.0.0.1:9001`` (its Content-Security-Policy allows no
+other). So this serves the one file there, with CORS for the UI's origin
+only, answers 404 to anything else (the UI's ``POST /status`` probe too),
+exits once the file has been served, and prints the deep link that makes the
+UI fetch it. Like Perfetto's own ``tools/open_trace_in_ui``.
+
+On a remote machine (a Ray head node), forward the port first:
+``ssh -L 9001:127.0.0.1:9001 HOST``, then open the link locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import http.server
+import shutil
+import sys
+import time
+import webbrowser
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from tracer.cli._common import warn
+from tracer.errors import TracerError
+from tracer.query import check_trace_file
+
+HELP = "open the trace in the Perfetto UI (serves it once on 127.0.0.1:9001)"
+
+HOST = "127.0.0.1"
+PORT = 9001
+UI_ORIGIN = "https://ui.perfetto.dev"
+_CLIENT_CLOSE_WAIT_S = 1.0
+
+__all__ = ["HOST", "PORT", "UI_ORIGIN", "add_parser", "run", "ui_link"]
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "open",
+        help=HELP,
+        description=(
+            "Serve TRACE once on http://127.0.0.1:9001 (the only address the Perfetto UI may "
+            "fetch from) and print the link that opens it in https://ui.perfetto.dev. Exits "
+            "after the UI has fetched it. On a remote machine, forward the port first: "
+            "ssh -L 9001:127.0.0.1:9001 HOST."
+        ),
+    )
+    parser.add_argument("trace", metavar="TRACE", help="the trace file to open")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0,
+        help="seconds to wait for the UI to fetch the trace (default 300; 0 waits forever)",
+    )
+    parser.add_argument(
+        "--browser", action="store_true", help="also open the link in a web browser here"
+    )
+    parser.set_defaults(run=run)
+
+
+def ui_link(name: str) -> str:
+    """The Perfetto UI deep link that fetches ``name`` from 127.0.0.1:9001."""
+    return (
+        f"{UI_ORIGIN}/#!/?url=http://{HOST}:{PORT}/{quote(name)}&referrer=open_trace_in_ui"
+    )
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _OneFileServer
+    server_version = "tracer"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        srv = self.server
+        if unquote(urlsplit(self.path).path) != "/" + srv.name:
+            self._not_found()
+            return
+        size = srv.path.stat().st_size
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.send_header("Access-Control-Allow-Origin", UI_ORIGIN)
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        try:
+            with srv.path.open("rb") as f:
+                shutil.copyfileobj(f, self.wfile)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the browser gave up; keep waiting for another try
+        srv.served = True
+
+    def _not_found(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        self.close_connection = True
+
+    do_POST = _not_found
+    do_PUT = _not_found
+    do_DELETE = _not_found
+    do_PATCH = _not_found
+    do_OPTIONS = _not_found
+    do_HEAD = _not_found
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: the command says what matters
+
+
+class _OneFileServer(http.server.HTTPServer):
+    # SO_REUSEADDR: a port left in TIME_WAIT by the last run is free; on Linux a port
+    # another socket listens on still fails to bind (EADDRINUSE), as it must.
+    allow_reuse_address = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = path.name
+        self.served = False
+        super().__init__((HOST, PORT), _Handler)
+
+    def shutdown_request(self, request: Any) -> None:
+        """Let the client close first (every response has a Content-Length).
+
+        The side that closes a TCP connection first keeps it in TIME_WAIT for a
+        minute, and some kernels (gVisor, for one) then refuse to bind the port
+        again even with SO_REUSEADDR: a second ``tracer open`` would find 9001
+        busy. So wait (briefly) for the browser's close before closing ours.
+        """
+        try:
+            request.settimeout(_CLIENT_CLOSE_WAIT_S)
+            while request.recv(65536):
+                pass
+        except OSError:
+            pass
+        self.close_request(request)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = check_trace_file(args.trace).resolve()
+    if args.timeout < 0:
+        raise TracerError(f"--timeout must be >= 0, got {args.timeout:g}")
+    try:
+        server = _OneFileServer(path)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise TracerError(
+                f"port {PORT} on {HOST} is busy (another `tracer open`, or trace_processor_shell "
+                f"--httpd?): stop it and try again; the Perfetto UI fetches traces only from "
+                f"{HOST}:{PORT}"
+            ) from None
+        raise TracerError(f"cannot listen on {HOST}:{PORT}: {exc.strerror or exc}") from None
+    link = ui_link(path.name)
+    with server:
+        print(link, flush=True)
+        wait = "until the UI fetches it" if not args.timeout else f"for up to {args.timeout:g} s"
+        print(
+            f"tracer: serving {path} once on http://{HOST}:{PORT}/ {wait}; open the link above "
+            "in a browser on this machine (Ctrl-C to stop)",
+            file=sys.stderr, flush=True,
+        )
+        if args.browser and not webbrowser.open(link):
+            warn("no web browser could be started here: open the link yourself")
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        while not server.served:
+            if deadline is None:
+                server.timeout = None
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TracerError(
+                        f"timed out after {args.timeout:g} s: the Perfetto UI did not fetch the "
+                        "trace (was the link opened in a browser on this machine?)"
+                    )
+                server.timeout = left
+            server.handle_request()
+    print("tracer: the Perfetto UI has the trace; done", file=sys.stderr)
+    return 0

@@ -1,0 +1,199 @@
+"""``tracer summary TRACE``: stages, task latency, the dispatch loop and the workers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import pandas as pd
+
+from tracer.cli._common import add_trace_args, open_query, positive_int, warn
+from tracer.cli._output import (
+    Column,
+    Style,
+    fmt_bytes,
+    fmt_count,
+    fmt_dur,
+    fmt_share,
+    print_json,
+    render_table,
+    sparkline,
+)
+from tracer.query import records
+
+HELP = "stages, task latency, dispatch loop and workers of a traced run"
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "summary",
+        help=HELP,
+        description=(
+            "Summarise a traced run: per stage (tasks, wall time, task duration "
+            "p50/p95/max, memory requested vs peak), where task latency goes (waiting in "
+            "the runner, Ray scheduling, running, result pickup), where the dispatch loop's "
+            "time goes, and how busy each worker was. Durations are wall-clock."
+        ),
+    )
+    add_trace_args(parser)
+    parser.add_argument(
+        "--buckets", type=positive_int, default=20,
+        help="time buckets of the worker timeline (default 20)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (ns, bytes) for machines")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_query(args) as q:
+        info = q.run_info()
+        stages = q.stage_summary()
+        latency = q.latency_by_stage()
+        loop = q.dispatch_loop()
+        util = q.worker_utilisation(args.buckets)
+        engine = q.engine
+    if stages.empty and loop["count"].isna().all():
+        warn(f"{args.trace} has no tasks and no dispatch loop: was it written by tracer.ray?")
+    if args.json:
+        print_json(
+            {
+                "trace": str(args.trace),
+                "engine": engine,
+                "run": info,
+                "stages": records(stages),
+                "latency_by_stage": records(latency),
+                "dispatch_loop": records(loop),
+                "worker_utilisation": records(util),
+            }
+        )
+        return 0
+    style = Style.for_stream(sys.stdout)
+    print(render(args.trace, engine, info, stages, latency, loop, util, style))
+    return 0
+
+
+def render(
+    trace: str,
+    engine: str,
+    info: dict[str, Any],
+    stages: pd.DataFrame,
+    latency: pd.DataFrame,
+    loop: pd.DataFrame,
+    util: pd.DataFrame,
+    style: Style,
+) -> str:
+    parts = [_header(trace, engine, info, style)]
+    parts.append(
+        render_table(
+            "Stages",
+            [
+                Column("id", "stage_id", fmt_count),
+                Column("stage", "stage", right=False),
+                Column("tasks", "tasks", fmt_count),
+                Column("failed", "failed", fmt_count),
+                Column("wall", "wall_ns", fmt_dur),
+                Column("dur p50", "dur_p50_ns", fmt_dur),
+                Column("dur p95", "dur_p95_ns", fmt_dur),
+                Column("dur max", "dur_max_ns", fmt_dur),
+                Column("mem requested", "memory_requested", fmt_bytes),
+                Column("peak p50", "peak_p50_bytes", fmt_bytes),
+                Column("peak max", "peak_max_bytes", fmt_bytes),
+                Column("over request", "over_request", fmt_count),
+            ],
+            records(stages),
+            style,
+            empty="(no tasks in this trace)",
+        )
+    )
+    lat_rows = []
+    for row in records(latency):
+        out = {"stage_id": row["stage_id"], "stage": row["stage"], "tasks": row["tasks"]}
+        for phase in ("waiting", "scheduling", "running", "pickup", "total"):
+            p50 = fmt_dur(row[f"{phase}_p50_ns"], style)
+            p95 = fmt_dur(row[f"{phase}_p95_ns"], style)
+            out[phase] = f"{p50} / {p95}"
+        lat_rows.append(out)
+    parts.append(
+        render_table(
+            "Task latency by stage (p50 / p95): waiting in the runner, Ray scheduling, "
+            "running, result pickup",
+            [
+                Column("id", "stage_id", fmt_count),
+                Column("stage", "stage", right=False),
+                Column("tasks", "tasks", fmt_count),
+                Column("waiting", "waiting"),
+                Column("scheduling", "scheduling"),
+                Column("running", "running"),
+                Column("pickup", "pickup"),
+                Column("total", "total"),
+            ],
+            lat_rows,
+            style,
+            empty="(no tasks in this trace)",
+        )
+    )
+    loop_rows = records(loop)
+    span = sum(r["total_ns"] or 0 for r in loop_rows)
+    parts.append(
+        render_table(
+            f"Dispatch loop ({fmt_dur(span, style)}; batching excludes the plan polling in it)",
+            [
+                Column("phase", "phase", right=False),
+                Column("count", "count", fmt_count),
+                Column("total", "total_ns", fmt_dur),
+                Column("mean", "mean_ns", fmt_dur),
+                Column("share", "share", fmt_share),
+            ],
+            loop_rows,
+            style,
+        )
+    )
+    parts.append(_workers(util, style))
+    return "\n\n".join(parts)
+
+
+def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
+    bits = [f"Trace {trace}"]
+    if info.get("execution_id"):
+        bits.append(f"execution {info['execution_id']}")
+    if info.get("runner"):
+        bits.append(f"runner {info['runner']}")
+    if info.get("tracing_level") is not None:
+        bits.append(f"level {info['tracing_level']}")
+    bits.append(f"engine {engine}")
+    return style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
+
+
+def _workers(util: pd.DataFrame, style: Style) -> str:
+    rows = []
+    buckets = 0
+    bucket_ns = 0
+    for (node, worker), group in util.groupby(["node", "worker"], sort=False, dropna=False):
+        fractions = [float(f) for f in group["busy_fraction"]]
+        buckets = len(fractions)
+        bucket_ns = int(group["bucket_ns"].iloc[0])
+        total = int(group["busy_ns"].sum())
+        rows.append(
+            {
+                "node": None if pd.isna(node) else node,
+                "worker": None if pd.isna(worker) else worker,
+                "busy": total / (bucket_ns * buckets) if bucket_ns and buckets else None,
+                "timeline": sparkline(fractions, style),
+            }
+        )
+    title = "Workers: busy share of the run"
+    if buckets:
+        title += f", and per {fmt_dur(bucket_ns, style)} bucket"
+    return render_table(
+        title,
+        [
+            Column("node", "node", right=False),
+            Column("worker", "worker", right=False),
+            Column("busy", "busy", fmt_share),
+            Column("timeline", "timeline", right=False),
+        ],
+        rows,
+        style,
+        empty="(no task executions in this trace)",
+    )
