@@ -777,3 +777,16 @@ def test_damaged_traces_never_raise_anything_but_trace_read_error(
     except TraceReadError:
         return
     assert model.packet_count >= 0
+
+
+def test_repeated_packets_with_a_second_timestamp_field_read_like_protobuf() -> None:
+    """The reader reuses the decoding of repeated packets; a later timestamp field
+    in the packet (protobuf keeps the last one) must not fool it."""
+    tail = event(INSTANT, 1, None, name="x").SerializeToString() + b"\x40\x07"
+
+    def record(first_ts: int) -> bytes:
+        body = b"\x40" + bytes([first_ts]) + tail
+        return b"\x0a" + bytes([len(body)]) + body
+
+    data = trace_bytes(setup(), track(1)) + record(7) + record(9) + record(20)
+    assert [i.ts for i in read_trace(data, strict=True).instants] == [7, 7, 7]

@@ -68,6 +68,7 @@ _SEQ_NEEDS_INCREMENTAL_STATE = 2
 _BOOTTIME = 6
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
+_UINT64_MASK = (1 << 64) - 1
 
 _BEGIN = 1
 _END = 2
@@ -395,7 +396,7 @@ class _Reader:
                 template = self.templates.get(key)
                 if template is not None and template.generation == template.seq.generation:
                     self.packet_index += 1
-                    self.replay(template, raw)
+                    self.replay(template, raw & _UINT64_MASK)  # as protobuf truncates it
                     continue
             self.record(data[q:stop], start == 0 and not in_bundle, key, raw)
 
@@ -470,7 +471,9 @@ class _Reader:
     ) -> None:
         """Cache what ``packet`` decoded to, if it is simple enough (see _Template)."""
         if packet.timestamp != raw or packet.WhichOneof("data") != "track_event":
-            return  # e.g. a second timestamp field later in the packet
+            return
+        if _parse_packet(key).HasField("timestamp"):
+            return  # a second timestamp field (the last one wins) would not be replayed
         if any(f.name not in _SIMPLE_PACKET_FIELDS for f, _ in packet.ListFields()):
             return
         event = packet.track_event
