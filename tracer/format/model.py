@@ -4,7 +4,7 @@ It holds what trace_processor would show for the parts of the format that
 tracer writes: tracks, slices, instants, counters and flows, plus the
 :class:`Problem` list of everything trace_processor would drop or get wrong.
 
-Conventions (they follow trace_processor, see ``/work/shared/perfetto-format.md``):
+Conventions (they follow trace_processor's proto importer):
 
 * Timestamps are nanoseconds in the trace clock (BOOTTIME unless a snapshot
   names another ``primary_trace_clock``); for traces written by

@@ -1,7 +1,7 @@
 """Reads native Perfetto protobuf traces into a :class:`~tracer.format.model.TraceModel`.
 
 The reader follows trace_processor's import rules for the part of the format
-tracer writes (see ``/work/shared/perfetto-format.md``), so a test can check
+tracer writes (its proto tokenizer and track event importer), so a test can check
 what a trace will look like in the UI without a trace_processor binary, and
 the :attr:`TraceModel.problems` list names what trace_processor would drop.
 
