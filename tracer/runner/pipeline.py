@@ -334,21 +334,19 @@ class _DispatchLoop:
                 ready.extend(more)
             update(num_ready=len(ready))
         last = len(self.stages) - 1
-        # Traced, a task's small measurements return says whether it failed (an
-        # exception, an OOM kill, a crashed worker): the tracer records it where
-        # it ran, its partition goes no further, and the run raises the first
-        # failure once the other partitions are done. Untraced (level 0) this
-        # costs nothing: errors surface at the final ray.get, as before.
-        check_errors = tracer.enabled
-        for ref in ready:
-            task = self.inflight.pop(ref)
+        # Traced, the tasks' small measurements returns (one round trip for the
+        # batch) say which failed (an exception, an OOM kill, a crashed worker):
+        # the tracer records them where they ran, their partitions go no
+        # further, and the run raises the first failure once the other
+        # partitions are done. Untraced (level 0) this costs nothing: errors
+        # surface at the final ray.get, as before.
+        tasks = [self.inflight.pop(ref) for ref in ready]
+        errors = tracer.tasks_received_as_ready([t.task_id for t in tasks]) or {}
+        for ref, task in zip(ready, tasks, strict=True):
             index = task.stage_index
             self._account(self.stages[index], -1)
-            error = tracer.task_error(task.task_id) if check_errors else None
-            if error is None:
-                tracer.task_received_as_ready(task.task_id)
-            else:
-                tracer.task_failed(task.task_id, error)
+            error = errors.get(task.task_id)
+            if error is not None:
                 self.failures.append(error)
             self.received[index] += 1
             self.progress.update(index, self.received[index])
