@@ -30,3 +30,15 @@ class TraceReadError(TracerError, ValueError):
 
 class InvalidTracingLevelError(TracerError, ValueError):
     """A tracing level outside 0, 1 and 2 was asked for."""
+
+
+class InvalidArgumentError(TracerError, ValueError):
+    """An argument has the right type but a value tracer cannot use (a bad pid, rank, unit...)."""
+
+
+class InvalidArgumentTypeError(TracerError, TypeError):
+    """An argument has a type tracer cannot use (a name that is not a str, ...)."""
+
+
+class ValueOutOfRangeError(InvalidArgumentError, OverflowError):
+    """A number does not fit the field it goes into (e.g. a counter value beyond int64)."""

@@ -215,12 +215,6 @@ def test_misuse_raises_at_the_call_and_the_file_stays_clean(tmp_path: Path, case
     assert {t.name for t in model.tracks.values()} == {"proc", "loop", "lane", "counter"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer.errors promises that every error a user can cause is a TracerError, but "
-    "the writer raises plain ValueError / TypeError / OverflowError for bad arguments "
-    "(needs e.g. an InvalidArgumentError(TracerError, ValueError) in tracer/errors.py)",
-)
 def test_every_misuse_is_a_tracer_error(tmp_path: Path) -> None:
     not_tracer_errors = []
     with TraceWriter(tmp_path / "other.perfetto-trace") as other:
@@ -305,11 +299,6 @@ def test_writing_after_close_raises(tmp_path: Path, call: Callable[..., object])
     assert len(read_trace(path, strict=True).slices) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hot-path bug (TraceWriter.counter, left to its owner): the dedupe memo is "
-    "updated before the value is checked, so repeating a rejected value is silently ignored",
-)
 @pytest.mark.parametrize("bad", [1 << 63, "5"])
 def test_a_rejected_counter_value_is_rejected_every_time(tmp_path: Path, bad: object) -> None:
     with TraceWriter(tmp_path / "t.perfetto-trace", clock=FakeClock(T0)) as w:
@@ -319,11 +308,6 @@ def test_a_rejected_counter_value_is_rejected_every_time(tmp_path: Path, bad: ob
                 w.counter(counter, bad, T0 + 1)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hot-path bug (TraceWriter.end, left to its owner): end() on a counter track "
-    "writes an END event on it instead of raising",
-)
 def test_end_on_a_counter_track_raises(tmp_path: Path) -> None:
     path = tmp_path / "t.perfetto-trace"
     with TraceWriter(path, clock=FakeClock(T0)) as w:

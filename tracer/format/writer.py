@@ -39,7 +39,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from tracer.errors import TraceWriteError, TraceWriterClosedError, UnknownTrackError
+from tracer.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    TraceWriteError,
+    TraceWriterClosedError,
+    UnknownTrackError,
+    ValueOutOfRangeError,
+)
 from tracer.format._wire import (
     VARINT_TABLE,
     field_bytes,
@@ -259,11 +266,13 @@ class TraceWriter:
         intern_limit: int = DEFAULT_INTERN_LIMIT,
     ) -> None:
         if buffer_size < 1024:
-            raise ValueError(f"buffer_size must be at least 1024 bytes, got {buffer_size}")
+            raise InvalidArgumentError(
+                f"buffer_size must be at least 1024 bytes, got {buffer_size}"
+            )
         if not 0 <= compression_level <= 9:
-            raise ValueError(f"compression_level must be 0-9, got {compression_level}")
+            raise InvalidArgumentError(f"compression_level must be 0-9, got {compression_level}")
         if not 0 < sequence_id < (1 << 32):
-            raise ValueError(f"sequence_id must be in 1..2**32-1, got {sequence_id}")
+            raise InvalidArgumentError(f"sequence_id must be in 1..2**32-1, got {sequence_id}")
         self.path = Path(path)
         self._file = _open_for_writing(self.path)
         self._compress = compress
@@ -285,7 +294,7 @@ class TraceWriter:
         self._ordering_root_written = False
         # Hot-path caches (see begin/end/instant/counter): keyed by track first,
         # then by name (or (name, category)), so a lookup allocates nothing.
-        self._end_frames: dict[Track, _Frames] = {}
+        self._end_frames: dict[Track, _Frames | None] = {}  # None: a counter track
         self._counter_bodies: dict[Track, tuple[_Frames, ...]] = {}
         self._counter_last: dict[Track, object] = {}
         self._begin_cache: dict[Track, dict[str | tuple[str, str], _Frames]] = {}
@@ -327,7 +336,7 @@ class TraceWriter:
         self._buf += packet(field_bytes(60, descriptor) + self._seq)
         end_body = self._seq + b"\x5a" + _len_prefixed(b"\x48\x02\x58" + varint(track.uuid))
         self._tracks[track] = end_body
-        self._end_frames[track] = _frames(end_body)
+        self._end_frames[track] = None if isinstance(track, CounterTrack) else _frames(end_body)
 
     def _take_uuid(self) -> int:
         uuid = self._next_uuid
@@ -342,7 +351,9 @@ class TraceWriter:
         _check_name(name)
         _check_id("pid", pid, 1 << 31)
         if pid in self._pids:
-            raise ValueError(f"pid {pid} already has a process track ({self._pids[pid]!r})")
+            raise InvalidArgumentError(
+                f"pid {pid} already has a process track ({self._pids[pid]!r})"
+            )
         track = Track(self._take_uuid(), name, "process", None, pid=pid)
         proc = field_varint(1, pid) + field_string(6, name)
         desc = field_varint(1, track.uuid) + field_bytes(3, proc)
@@ -360,7 +371,9 @@ class TraceWriter:
         _check_id("pid", pid, 1 << 31)
         _check_id("tid", tid, 1 << 63)
         if (pid, tid) in self._tids:
-            raise ValueError(f"thread {pid}/{tid} already has a track ({self._tids[pid, tid]!r})")
+            raise InvalidArgumentError(
+                f"thread {pid}/{tid} already has a track ({self._tids[pid, tid]!r})"
+            )
         track = Track(self._take_uuid(), name, "thread", self._pids.get(pid), pid=pid, tid=tid)
         thread = field_varint(1, pid) + field_varint(2, tid) + field_string(5, name)
         desc = field_varint(1, track.uuid) + field_bytes(4, thread)
@@ -422,14 +435,18 @@ class TraceWriter:
         """
         _check_name(name)
         if unit is not None and unit not in _COUNTER_UNITS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"unknown counter unit {unit!r}; use one of {sorted(_COUNTER_UNITS)}, "
                 "or unit=None with unit_name='...' for a named unit"
             )
         if unit is None and not unit_name:
-            raise ValueError("a counter track needs a unit, or unit=None with a unit_name")
+            raise InvalidArgumentError(
+                "a counter track needs a unit, or unit=None with a unit_name"
+            )
         if not isinstance(unit_multiplier, int) or unit_multiplier < 1:
-            raise ValueError(f"unit_multiplier must be a positive int, got {unit_multiplier!r}")
+            raise InvalidArgumentError(
+                f"unit_multiplier must be a positive int, got {unit_multiplier!r}"
+            )
         parent_uuid = self._check_parent(parent)
         shown_unit = unit if unit is not None else str(unit_name)
         track = CounterTrack(self._take_uuid(), name, parent, shown_unit, unit_multiplier, dedupe)
@@ -465,7 +482,7 @@ class TraceWriter:
         if parent not in self._tracks:
             raise UnknownTrackError(f"parent {parent!r} was not declared on this writer")
         if isinstance(parent, CounterTrack):
-            raise ValueError("a counter track cannot be a parent")
+            raise InvalidArgumentError("a counter track cannot be a parent")
         return parent.uuid
 
     def _common_fields(
@@ -482,7 +499,7 @@ class TraceWriter:
             out += field_string(14, description)
         if child_ordering is not None:
             if child_ordering not in _CHILD_ORDERING:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"unknown child_ordering {child_ordering!r}; "
                     f"use one of {sorted(_CHILD_ORDERING)}"
                 )
@@ -530,20 +547,20 @@ class TraceWriter:
         """
         tracks = tuple(tracks)
         if not 1 <= len(tracks) <= 1 + _MAX_EXTRA_COUNTERS:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"a counter sequence takes 1 to {1 + _MAX_EXTRA_COUNTERS} tracks, got {len(tracks)}"
             )
         for track in tracks:
             if not isinstance(track, CounterTrack) or track not in self._tracks:
                 raise UnknownTrackError(f"{track!r} is not a counter track declared on this writer")
         if len({t.uuid for t in tracks}) != len(tracks):
-            raise ValueError("a counter sequence cannot name a track twice")
+            raise InvalidArgumentError("a counter sequence cannot name a track twice")
         if not isinstance(time_unit_ns, int) or time_unit_ns < 1:
-            raise ValueError(f"time_unit_ns must be a positive int, got {time_unit_ns!r}")
+            raise InvalidArgumentError(f"time_unit_ns must be a positive int, got {time_unit_ns!r}")
         self._counter_sequences += 1
         sequence_id = _varint_value(self._seq, 1) + self._counter_sequences
         if sequence_id >= 1 << 32:
-            raise ValueError("no packet sequence id left for another counter sequence")
+            raise InvalidArgumentError("no packet sequence id left for another counter sequence")
         return CounterSequence(self, sequence_id, tracks, time_unit_ns)
 
     # The hot path. A cached event is one packet ``head + delta varint + body``
@@ -611,6 +628,8 @@ class TraceWriter:
             frames = self._end_frames[track]
         except KeyError:
             raise UnknownTrackError(f"{track!r} was not declared on this writer") from None
+        if frames is None:
+            raise InvalidArgumentError(f"{track!r} is a counter track: it has no slices to end")
         if ts is None:
             ts = self._clock()
         delta = ts - self._last
@@ -691,7 +710,9 @@ class TraceWriter:
     ) -> None:
         """A whole slice at once (BEGIN and END), e.g. one measured elsewhere and reported late."""
         if end_ts < start_ts:
-            raise ValueError(f"slice {name!r} ends ({end_ts}) before it starts ({start_ts})")
+            raise InvalidArgumentError(
+                f"slice {name!r} ends ({end_ts}) before it starts ({start_ts})"
+            )
         self.begin(
             track, name, start_ts, category=category, args=args, flows=flows,
             terminating_flows=terminating_flows,
@@ -706,10 +727,6 @@ class TraceWriter:
             raise UnknownTrackError(
                 f"{track!r} is not a counter track declared on this writer"
             ) from None
-        if track.dedupe:
-            if self._counter_last.get(track, _MISSING) == value:
-                return
-            self._counter_last[track] = value
         if value.__class__ is int:
             if 0 <= value < 16384:
                 encoded = _VT[value]
@@ -718,7 +735,7 @@ class TraceWriter:
             elif _INT64_MIN <= value <= _INT64_MAX:
                 encoded = varint(value)
             else:
-                raise OverflowError(f"counter value {value} does not fit in int64")
+                raise ValueOutOfRangeError(f"counter value {value} does not fit in int64")
             frames = bodies[len(encoded)]
         elif isinstance(value, float):
             encoded = _DOUBLE.pack(value)
@@ -727,9 +744,13 @@ class TraceWriter:
             encoded = varint(int(value))
             frames = bodies[len(encoded)]
         else:
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"a counter value must be an int or a float, got {type(value).__name__}"
             )
+        if track.dedupe:  # after the checks, so a rejected value is rejected every time
+            if self._counter_last.get(track, _MISSING) == value:
+                return
+            self._counter_last[track] = value
         if ts is None:
             ts = self._clock()
         delta = ts - self._last
@@ -764,7 +785,7 @@ class TraceWriter:
             inner = b"\x40" + varint(delta) + body
         else:
             if ts < 0:
-                raise ValueError(f"timestamp {ts} is negative")
+                raise InvalidArgumentError(f"timestamp {ts} is negative")
             inner = b"\x40" + varint(ts) + _ABSOLUTE_CLOCK + body
         self._buf += b"\x0a" + varint(len(inner)) + inner
 
@@ -783,7 +804,7 @@ class TraceWriter:
         if track not in self._tracks:
             raise UnknownTrackError(f"{track!r} was not declared on this writer")
         if isinstance(track, CounterTrack):
-            raise ValueError(f"{track!r} is a counter track; use counter()")
+            raise InvalidArgumentError(f"{track!r} is a counter track; use counter()")
         interned: list[bytes] = []
         tables = (self._names, self._categories, self._arg_names, self._string_values)
         sizes = [len(table) for table in tables]
@@ -795,7 +816,9 @@ class TraceWriter:
                 event += b"\x50" + varint(iid) if iid else field_string(23, name)
             if category is not None:
                 if not isinstance(category, str):
-                    raise TypeError(f"category must be a str, got {type(category).__name__}")
+                    raise InvalidArgumentTypeError(
+                        f"category must be a str, got {type(category).__name__}"
+                    )
                 iid = self._intern(self._categories, category, 1, interned)
                 event += b"\x18" + varint(iid) if iid else field_string(22, category)
             cacheable = not (args or flows or terminating_flows) and kind != _END
@@ -807,7 +830,9 @@ class TraceWriter:
                     event += field_fixed64(48, _check_flow(flow))
             if args:
                 if not isinstance(args, Mapping):
-                    raise TypeError(f"args must be a mapping, got {type(args).__name__}")
+                    raise InvalidArgumentTypeError(
+                        f"args must be a mapping, got {type(args).__name__}"
+                    )
                 for key, value in args.items():
                     event += field_bytes(4, self._annotation(key, value, interned, 0))
             body = self._seq + b"\x5a" + varint(len(event)) + event
@@ -848,11 +873,13 @@ class TraceWriter:
     def _annotation(self, key: object, value: object, interned: list[bytes], depth: int) -> bytes:
         """Encode one DebugAnnotation (without its outer tag)."""
         if depth > MAX_ARG_DEPTH:
-            raise ValueError(f"annotation nested deeper than {MAX_ARG_DEPTH} levels")
+            raise InvalidArgumentError(f"annotation nested deeper than {MAX_ARG_DEPTH} levels")
         if key is None:
             out = b""
         elif not isinstance(key, str):
-            raise TypeError(f"annotation names must be str, got {type(key).__name__}")
+            raise InvalidArgumentTypeError(
+                f"annotation names must be str, got {type(key).__name__}"
+            )
         else:
             # Dict keys are interned like top-level names (trace_processor
             # resolves name_iid at every level of a nested annotation).
@@ -1019,22 +1046,22 @@ def _len_prefixed(payload: bytes) -> bytes:
 
 def _check_name(name: object) -> None:
     if not isinstance(name, str):
-        raise TypeError(f"a name must be a str, got {type(name).__name__}")
+        raise InvalidArgumentTypeError(f"a name must be a str, got {type(name).__name__}")
 
 
 def _check_id(what: str, value: object, limit: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < limit:
-        raise ValueError(f"{what} must be a positive int below {limit}, got {value!r}")
+        raise InvalidArgumentError(f"{what} must be a positive int below {limit}, got {value!r}")
 
 
 def _check_rank(rank: object) -> None:
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < (1 << 31):
-        raise ValueError(f"rank must be an int in 0..2**31-1, got {rank!r}")
+        raise InvalidArgumentError(f"rank must be an int in 0..2**31-1, got {rank!r}")
 
 
 def _check_flow(flow: object) -> int:
     if not isinstance(flow, int) or isinstance(flow, bool) or not 0 < flow <= _UINT64_MAX:
-        raise ValueError(f"a flow id must be a positive 64-bit int, got {flow!r}")
+        raise InvalidArgumentError(f"a flow id must be a positive 64-bit int, got {flow!r}")
     return flow
 
 
@@ -1141,7 +1168,7 @@ class CounterSequence:
         """Sample the tracks at ``ts`` (ns): one value per track, in order; None skips a track."""
         n = len(self._uuids)
         if len(values) != n:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"expected {n} values (one per track, None to skip), got {len(values)}"
             )
         last = self._last
@@ -1151,15 +1178,17 @@ class CounterSequence:
                 continue
             if value.__class__ is not int:
                 if not isinstance(value, int) or isinstance(value, bool):
-                    raise TypeError(f"a counter value must be an int, got {type(value).__name__}")
+                    raise InvalidArgumentTypeError(
+                        f"a counter value must be an int, got {type(value).__name__}"
+                    )
                 value = int(value)
             if not _INT64_MIN <= value <= _INT64_MAX:
-                raise OverflowError(f"counter value {value} does not fit in int64")
+                raise ValueOutOfRangeError(f"counter value {value} does not fit in int64")
             changed.append((i, value))
         if not changed:
             return
         if ts.__class__ is not int or ts < 0:
-            raise ValueError(f"a timestamp must be a non-negative int, got {ts!r}")
+            raise InvalidArgumentError(f"a timestamp must be a non-negative int, got {ts!r}")
         first, value0 = changed[0]
         event = b"\x48\x04" if first == 0 else b"\x48\x04\x58" + self._uuids[first]
         event += b"\xf0\x01" + varint(value0)
