@@ -84,11 +84,38 @@ _running = 0  # tasks of this process inside track_task_memory
 _started = 0  # tasks of this process that entered track_task_memory, ever
 
 
+_CAPTURE_PREFIX = "tracer-memray-"
+_swept = False  # stale capture files of dead processes removed (once per process)
+
+
 def _capture_dir() -> str:
     shm = "/dev/shm"
     if os.path.isdir(shm) and os.access(shm, os.W_OK):
         return shm
     return tempfile.gettempdir()
+
+
+def _sweep(directory: str) -> None:
+    """Remove capture files left by worker processes that died mid-task (e.g. OOM-killed)."""
+    global _swept
+    _swept = True
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if not name.startswith(_CAPTURE_PREFIX):
+                continue
+            pid = name[len(_CAPTURE_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                _remove(os.path.join(directory, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 class _Session:
@@ -110,7 +137,10 @@ def _start(metrics: dict[str, Any], native_traces: bool) -> _Session | None:
     if not _tracker_lock.acquire(blocking=False):
         _unavailable(metrics, "another task of this worker process holds the memray tracker")
         return None
-    path = os.path.join(_capture_dir(), f"tracer-memray-{os.getpid()}-{uuid.uuid4().hex}.bin")
+    directory = _capture_dir()
+    if not _swept:
+        _sweep(directory)
+    path = os.path.join(directory, f"{_CAPTURE_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.bin")
     try:
         import memray
 

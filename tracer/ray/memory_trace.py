@@ -23,9 +23,12 @@ already written (clock skew between nodes, measurements from the metrics
 actor) is moved to the last written time, so the running totals stay right.
 
 Sizes: every counter lives on a :class:`~tracer.format.writer.CounterSequence`
-of its own per worker / node (delta timestamps in µs, values in KiB with
-``unit_multiplier=1024``), so a sample of both tracks of a pair is ~20 bytes
-and a sample equal to the previous one on its track is not written.
+of its own per worker / node (delta timestamps in units of 0.1 ms, values in
+KiB with ``unit_multiplier=1024``): a packet with both tracks of a pair is
+~18 bytes (9 per value), one with a single value ~15, and a sample equal to
+the previous one on its track is not written. The more frequently changing
+track of each pair comes first (RSS; memory used), as the first needs no
+uuid in its packets.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ from tracer.ray.levels import TracingLevel
 __all__ = ["MemoryTrace", "kib"]
 
 _NS_PER_MS = 1_000_000
+#: Time unit of the memory counters' sequences: 0.1 ms. memray's snapshots are
+#: 10 ms apart with ms timestamps, so a snapshot's delta is one byte (under
+#: 12.8 ms) and a gap between tasks two (under 1.6 s).
+TIME_UNIT_NS = 100_000
 
 
 def kib(nbytes: int) -> int:
@@ -129,7 +136,13 @@ class MemoryTrace:
         counters = self._workers.get(worker)
         if counters is None:
             w = self.writer
-            tracks = []
+            # RSS first: it changes at almost every sample, and the first track of
+            # a sequence needs no uuid in its packets (the heap is an extra value).
+            tracks = [
+                w.counter_track(
+                    L.COUNTER_WORKER_RSS, parent=worker, unit="bytes", unit_multiplier=1024
+                )
+            ]
             with_heap = self.level >= TracingLevel.MEMORY
             if with_heap:
                 tracks.append(
@@ -137,13 +150,8 @@ class MemoryTrace:
                         L.COUNTER_WORKER_HEAP, parent=worker, unit="bytes", unit_multiplier=1024
                     )
                 )
-            tracks.append(
-                w.counter_track(
-                    L.COUNTER_WORKER_RSS, parent=worker, unit="bytes", unit_multiplier=1024
-                )
-            )
             counters = self._workers[worker] = _WorkerCounters(
-                w.counter_sequence(tracks), with_heap
+                w.counter_sequence(tracks, time_unit_ns=TIME_UNIT_NS), with_heap
             )
         return counters
 
@@ -152,18 +160,22 @@ class MemoryTrace:
     ) -> None:
         counters = self._worker_counters(worker)
         pending = counters.pending
-        rss_start = _int_or_none(m.get("rss_start"))
-        rss_end = _int_or_none(m.get("rss_end"))
         heap0 = 0 if tracked and counters.with_heap else None
+        first: tuple[int, int | None, int | None] = (start, heap0, _kib_or_none(m.get("rss_start")))
+        inside: list[tuple[int, int, int]] = []
+        samples = m.get("memory_samples") if tracked and counters.with_heap else None
+        for t_ms, heap, rss in samples or ():
+            ts = int(t_ms) * _NS_PER_MS
+            if ts <= start:  # taken as the tracker started: the latest is the start sample
+                first = (start, kib(heap), kib(rss))
+            elif ts < end:  # after the end (the tracker stopping) belongs to no task
+                inside.append((ts, kib(heap), kib(rss)))
         order = self._order
-        pending.append((start, order, heap0, _kib_or_none(rss_start)))
-        samples = m.get("memory_samples") if tracked else None
-        if samples and counters.with_heap:
-            for t_ms, heap, rss in samples:
-                order += 1
-                ts = min(max(int(t_ms) * _NS_PER_MS, start), end)
-                pending.append((ts, order, kib(heap), kib(rss)))
-        pending.append((end, order + 1, heap0, _kib_or_none(rss_end)))
+        pending.append((first[0], order, first[1], first[2]))
+        for ts, heap_kib, rss_kib in inside:
+            order += 1
+            pending.append((ts, order, heap_kib, rss_kib))
+        pending.append((end, order + 1, heap0, _kib_or_none(m.get("rss_end"))))
         self._order = order + 2
 
     def _queue_node_steps(
@@ -172,16 +184,19 @@ class MemoryTrace:
         counters = self._nodes.get(node)
         if counters is None:
             w = self.writer
+            # "used" first: it changes at every step, "requested" not for unrequested tasks.
             tracks = [
+                w.counter_track(
+                    L.COUNTER_NODE_MEMORY_USED, parent=node, unit="bytes", unit_multiplier=1024
+                ),
                 w.counter_track(
                     L.COUNTER_NODE_MEMORY_REQUESTED, parent=node, unit="bytes",
                     unit_multiplier=1024,
                 ),
-                w.counter_track(
-                    L.COUNTER_NODE_MEMORY_USED, parent=node, unit="bytes", unit_multiplier=1024
-                ),
             ]
-            counters = self._nodes[node] = _NodeCounters(w.counter_sequence(tracks))
+            counters = self._nodes[node] = _NodeCounters(
+                w.counter_sequence(tracks, time_unit_ns=TIME_UNIT_NS)
+            )
         self._order += 1
         heapq.heappush(counters.events, (start, self._order, requested, used))
         self._order += 1
@@ -199,7 +214,7 @@ class MemoryTrace:
             sample = counters.sequence.sample
             if counters.with_heap:
                 for ts, _, heap, rss in pending:
-                    sample(ts, heap, rss)
+                    sample(ts, rss, heap)
             else:
                 for ts, _, _, rss in pending:
                     sample(ts, rss)
@@ -215,11 +230,12 @@ class MemoryTrace:
                     node.requested += d_req
                     node.used += d_used
                 node.last_ts = ts
-                node.sequence.sample(ts, kib(node.requested), kib(node.used))
+                node.sequence.sample(ts, kib(node.used), kib(node.requested))
 
 
-def _kib_or_none(nbytes: int | None) -> int | None:
-    return None if nbytes is None else kib(nbytes)
+def _kib_or_none(nbytes: Any) -> int | None:
+    value = _int_or_none(nbytes)
+    return None if value is None else kib(value)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -1,0 +1,150 @@
+"""Level 2 on the task side, in this process: real memray, one tracker at a time, fallbacks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tracer.ray import memory, task_metrics
+from tracer.ray.task_metrics import TaskContext, measure_task
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _outside_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in a Ray worker: skip the runtime-context lookup (it would start a local Ray)."""
+    monkeypatch.setattr(task_metrics, "_where", dict)
+
+
+def _ctx(task_id: str = "t", level: int = 2, native: bool = False) -> TaskContext:
+    return TaskContext("exec", task_id, 0, level, native)
+
+
+def _captures() -> set[str]:
+    directory = memory._capture_dir()
+    return {n for n in os.listdir(directory) if n.startswith(f"tracer-memray-{os.getpid()}-")}
+
+
+def test_heap_peak_of_a_task() -> None:
+    before = _captures()
+    with measure_task(_ctx()) as m:
+        block = bytearray(40 * MIB)
+        time.sleep(0.05)  # a few 10 ms snapshots while it is held
+        del block
+        small = [bytes(64) for _ in range(1000)]
+    assert small
+    assert 40 * MIB <= m["heap_peak"] < 42 * MIB, m["heap_peak"]
+    assert m["allocations"] >= 1 and m["heap_retained"] < 2 * MIB
+    samples = m["memory_samples"]
+    assert 3 <= len(samples) <= memory.MAX_SAMPLES
+    assert max(h for _, h, _ in samples) >= 40 * MIB
+    assert [t for t, _, _ in samples] == sorted(t for t, _, _ in samples)
+    assert m["rss_peak"] >= max(r for _, _, r in samples)
+    assert m["start_ns"] < m["end_ns"] and "memray" not in m
+    assert _captures() == before  # the capture file is gone
+
+
+def test_level_one_has_no_memray_figures() -> None:
+    with measure_task(_ctx(level=1)) as m:
+        bytearray(MIB)
+    assert "heap_peak" not in m and "memory_samples" not in m
+    assert m["rss_peak"] >= m["rss_start"] > 0
+
+
+def test_native_traces_and_an_exception_keep_the_figures() -> None:
+    with pytest.raises(ValueError) as info, measure_task(_ctx(native=True)) as m:
+        keep = bytearray(8 * MIB)
+        raise ValueError(len(keep))
+    metrics: dict[str, Any] = info.value.__tracer_metrics__  # type: ignore[attr-defined]
+    assert metrics is m and m["error_type"] == "ValueError"
+    assert m["heap_peak"] >= 8 * MIB
+
+
+def test_concurrent_tasks_fall_back_without_failing() -> None:
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def task(name: str) -> None:
+        try:
+            barrier.wait()
+            with measure_task(_ctx(name)) as m:
+                time.sleep(0.15)
+                block = bytearray(4 * MIB)
+                time.sleep(0.05)
+                del block
+            results[name] = m
+        except BaseException as exc:  # pragma: no cover - the point is that none happens
+            errors.append(exc)
+
+    threads = [threading.Thread(target=task, args=(f"c{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    statuses = sorted(m.get("memray", "ok") for m in results.values())
+    assert statuses == ["shared", "unavailable", "unavailable"], statuses
+    for m in results.values():
+        assert m["rss_peak"] > 0 and m["end_ns"] > m["start_ns"]
+        if m["memray"] == "shared":  # it saw the others' allocations too
+            assert m["heap_peak"] >= 4 * MIB
+        else:
+            assert "heap_peak" not in m and "memray_reason" in m
+    # Alone again: measured normally.
+    with measure_task(_ctx("after")) as m:
+        bytearray(2 * MIB)
+    assert "memray" not in m and m["heap_peak"] >= 2 * MIB
+
+
+def test_memray_failures_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memray
+
+    def broken_tracker(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("No more than one Tracker instance can be active at the same time")
+
+    monkeypatch.setattr(memray, "Tracker", broken_tracker)
+    with measure_task(_ctx("start")) as m:
+        bytearray(MIB)
+    assert m["memray"] == "unavailable" and "Tracker" in m["memray_reason"]
+    assert "heap_peak" not in m and m["rss_peak"] > 0
+    monkeypatch.undo()
+
+    before = _captures()
+
+    def broken_reader(path: str) -> Any:
+        raise OSError("unreadable capture")
+
+    monkeypatch.setattr(memray, "FileReader", broken_reader)
+    with measure_task(_ctx("read")) as m:
+        bytearray(MIB)
+    assert m["memray"] == "unavailable" and "unreadable" in m["memray_reason"]
+    assert "heap_peak" not in m and "memory_samples" not in m
+    assert _captures() == before
+    monkeypatch.undo()
+    with measure_task(_ctx("again")) as m:  # the tracker lock was released
+        bytearray(MIB)
+    assert "memray" not in m
+
+
+def test_stale_captures_of_dead_processes_are_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = memory._capture_dir()
+    stale = os.path.join(directory, "tracer-memray-999999999-deadbeef.bin")
+    mine = os.path.join(directory, f"tracer-memray-{os.getpid()}-keep.bin")
+    for path in (stale, mine):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        monkeypatch.setattr(memory, "_swept", False)
+        with measure_task(_ctx()):
+            pass
+        assert not os.path.exists(stale) and os.path.exists(mine)
+    finally:
+        for path in (stale, mine):
+            if os.path.exists(path):
+                os.unlink(path)
