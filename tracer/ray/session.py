@@ -30,7 +30,7 @@ def ray_tracer(
     runner_name: str = "runner",
     level: int | str | TracingLevel | None = None,
     path: str | os.PathLike[str] | None = None,
-    compress: bool = False,
+    compress: bool = True,
     metrics_actor: bool = False,
     memray_native_traces: bool = False,
 ) -> Iterator[AnyRunnerTracer]:
