@@ -357,6 +357,6 @@ class TracePacket(_message.Message):
     sequence_flags: int
     incremental_state_cleared: bool
     trace_packet_defaults: TracePacketDefaults
-    previous_packet_dropped: bool
+    previous_packet_dropped: int
     first_packet_on_sequence: bool
-    def __init__(self, timestamp: _Optional[int] = ..., timestamp_clock_id: _Optional[int] = ..., clock_snapshot: _Optional[_Union[ClockSnapshot, _Mapping]] = ..., track_event: _Optional[_Union[TrackEvent, _Mapping]] = ..., track_descriptor: _Optional[_Union[TrackDescriptor, _Mapping]] = ..., compressed_packets: _Optional[bytes] = ..., trusted_packet_sequence_id: _Optional[int] = ..., interned_data: _Optional[_Union[InternedData, _Mapping]] = ..., sequence_flags: _Optional[int] = ..., incremental_state_cleared: _Optional[bool] = ..., trace_packet_defaults: _Optional[_Union[TracePacketDefaults, _Mapping]] = ..., previous_packet_dropped: _Optional[bool] = ..., first_packet_on_sequence: _Optional[bool] = ...) -> None: ...
+    def __init__(self, timestamp: _Optional[int] = ..., timestamp_clock_id: _Optional[int] = ..., clock_snapshot: _Optional[_Union[ClockSnapshot, _Mapping]] = ..., track_event: _Optional[_Union[TrackEvent, _Mapping]] = ..., track_descriptor: _Optional[_Union[TrackDescriptor, _Mapping]] = ..., compressed_packets: _Optional[bytes] = ..., trusted_packet_sequence_id: _Optional[int] = ..., interned_data: _Optional[_Union[InternedData, _Mapping]] = ..., sequence_flags: _Optional[int] = ..., incremental_state_cleared: _Optional[bool] = ..., trace_packet_defaults: _Optional[_Union[TracePacketDefaults, _Mapping]] = ..., previous_packet_dropped: _Optional[int] = ..., first_packet_on_sequence: _Optional[bool] = ...) -> None: ...
