@@ -11,6 +11,7 @@ descriptor's ``unit_multiplier``. (tracer's reader does not read
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from pathlib import Path
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
@@ -42,10 +43,16 @@ class DecodedCounters:
 def decode_counters(path: str | Path) -> DecodedCounters:
     """Every counter sample of the trace, decoded with ``perfetto_trace_pb2``."""
     trace = P.Trace.FromString(Path(path).read_bytes())
+    packets = []
+    for outer in trace.packet:  # runner traces are compressed: open the bundles
+        if outer.HasField("compressed_packets"):
+            packets.extend(P.Trace.FromString(zlib.decompress(outer.compressed_packets)).packet)
+        else:
+            packets.append(outer)
     seqs: dict[int, _Seq] = {}
     multiplier: dict[int, int] = {}
     out = DecodedCounters({}, {}, {}, {}, {})
-    for pkt in trace.packet:
+    for pkt in packets:
         sid = pkt.trusted_packet_sequence_id
         seq = seqs.setdefault(sid, _Seq())
         if pkt.sequence_flags & 1:

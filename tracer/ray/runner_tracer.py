@@ -58,6 +58,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # the machines of a cluster, and trace_processor keys threads by tid.
 _NODE_PID_BASE = 2_000_000_000
 _FLUSH_INTERVAL_S = 1.0
+#: Received tasks are completed (measurements fetched in one ray.get) in
+#: batches this big, or this often: a ray.get costs ~100 µs whatever its size.
+_FETCH_BATCH = 64
+_FETCH_INTERVAL_NS = 200_000_000
 
 
 def _guarded(method: _F) -> _F:
@@ -85,6 +89,8 @@ class _TaskState:
         "lane",
         "metrics",
         "metrics_ref",
+        "received_ts",
+        "released",
         "request",
         "stage_id",
         "task_id",
@@ -101,6 +107,8 @@ class _TaskState:
         self.dispatch_ts: int | None = None
         self.metrics_ref: Any = None
         self.metrics: Metrics | None = None  # fetched early by task_error()
+        self.received_ts = 0
+        self.released = False
         self.attempt = 0
 
 
@@ -201,11 +209,19 @@ class RunnerTracer:
         )
         self._tasks_root = w.track(L.TASKS_TRACK, rank=1)
         self._stages_root = w.track(L.STAGES_TRACK, rank=2, child_ordering="explicit")
-        self._free_lanes: list[Track] = []
+        # Free lanes with the time they were released: a lane is reused only
+        # by a task created after that, so its slices never overlap the last
+        # ones, even when those end late (at their receipt time) in the file.
+        self._free_lanes: list[tuple[Track, int]] = []
         self._tasks: dict[str, _TaskState] = {}
         self._stages: dict[int, _StageState] = {}
         self._nodes: dict[str, _Node] = {}
         self._pending_metrics: list[_TaskState] = []
+        # Received in batches, completed (measurements fetched, slices ended) in
+        # bigger batches: one ray.get per _FETCH_BATCH tasks or _FETCH_INTERVAL_NS.
+        self._received: list[_TaskState] = []
+        self._failures_seen: dict[int, str] = {}  # hash of an error's text -> its task
+        self._last_fetch = 0
         # Tasks whose measurements may come through the metrics actor, by id (for their flow).
         self._actor_tasks: dict[str, _TaskState] = {}
         self._lost_measurements = 0
@@ -288,6 +304,8 @@ class RunnerTracer:
 
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
+        if self._received and self.writer.now() - self._last_fetch >= _FETCH_INTERVAL_NS:
+            self._complete_received()
         self._drain_metrics()
         self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
@@ -410,7 +428,8 @@ class RunnerTracer:
         stage.requests.append(int(request.memory_bytes or 0))
         flow = self.writer.new_flow_id()
         stage.flows.append(flow)
-        lane = self._free_lanes.pop() if self._free_lanes else self._new_lane()
+        free = self._free_lanes
+        lane = free.pop()[0] if free and free[-1][1] < now else self._new_lane()
         state = _TaskState(str(task_id), stage_id, lane, flow, request)
         old = self._tasks.get(state.task_id)
         if old is not None:  # a retry reuses the id: close the earlier attempt's slices
@@ -505,25 +524,56 @@ class RunnerTracer:
 
     @_guarded
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
-        """A batch of tasks seen as ready (one ``ray.wait``'s worth); returns those that failed.
+        """A batch of tasks seen as ready (one ``ray.wait``'s worth); returns failures found.
 
-        The measurements of the whole batch come back in one ``ray.get`` (Ray
-        inlines these small values, so no data moves): a runner learns which
-        tasks failed (an exception, an OOM kill, a crashed worker) for one
-        round trip per wave instead of one per task. Failed tasks are recorded
-        as by :meth:`task_failed`; the caller decides what to do with them.
+        Their measurements come back with one ``ray.get`` for many tasks (Ray
+        inlines these small values, so no data moves): every ``_FETCH_BATCH``
+        received tasks or ``_FETCH_INTERVAL_NS``, whichever comes first, and
+        at the end. That is when their slices are ended (at the time they were
+        received) and their executions written; failed tasks (an exception,
+        an OOM kill, a crashed worker) are recorded as by :meth:`task_failed`
+        and returned, so the failures a call returns may be of tasks received
+        by earlier calls.
         """
         now = self.writer.now()
-        states = [s for s in map(self._tasks.get, map(str, task_ids)) if s is not None]
+        tasks = self._tasks
+        received = self._received
+        for task_id in task_ids:
+            state = tasks.pop(str(task_id), None)
+            if state is not None:
+                state.received_ts = now
+                self._release(state, now)  # its slices end at `now`, written later
+                received.append(state)
+        if len(received) >= _FETCH_BATCH or now - self._last_fetch >= _FETCH_INTERVAL_NS:
+            return self._complete_received()
+        return _NO_ERRORS
+
+    def _release(self, state: _TaskState, now: int) -> None:
+        """The task no longer holds its lane nor its share of the cluster's resources."""
+        if state.released:
+            return
+        state.released = True
+        self._free_lanes.append((state.lane, now))
+        if state.dispatch_ts is not None:
+            req = state.request
+            self._used_cpus -= req.num_cpus or 0
+            self._used_gpus -= req.num_gpus or 0
+            self._used_mem -= req.memory_bytes or 0
+
+    def _complete_received(self) -> dict[str, BaseException]:
+        """Fetch the measurements of received tasks, end their slices, write their executions."""
+        states, self._received = self._received, []
+        self._last_fetch = self.writer.now()
+        if not states:
+            return _NO_ERRORS
         fetch = [s for s in states if s.metrics_ref is not None and s.metrics is None]
         errors = self._fetch_metrics(fetch) if fetch else {}
         for state in states:
             error = errors.get(state.task_id)
             if error is None:
-                del self._tasks[state.task_id]
-                self._finish_task(state, now, None)
+                self._finish_task(state, state.received_ts, None)
             else:
-                self._record_failure(state.task_id, error, now)
+                self._record_failure(state.task_id, error, state.received_ts, state)
         return errors
 
     def _fetch_metrics(self, states: list[_TaskState]) -> dict[str, BaseException]:
@@ -557,12 +607,8 @@ class RunnerTracer:
         w = self.writer
         if state.dispatch_ts is not None:
             w.end(state.lane, now)
-            req = state.request
-            self._used_cpus -= req.num_cpus or 0
-            self._used_gpus -= req.num_gpus or 0
-            self._used_mem -= req.memory_bytes or 0
         w.end(state.lane, now, args=args)
-        self._free_lanes.append(state.lane)
+        self._release(state, now)
         stage = self._stages.get(state.stage_id)
         if stage is not None:
             stage.outstanding -= 1
@@ -580,13 +626,32 @@ class RunnerTracer:
         """The task's result is an error: end its slices with the error, mark where it ran."""
         self._record_failure(str(task_id), error, self.writer.now())
 
-    def _record_failure(self, task_id: str, error: BaseException, now: int) -> None:
-        state = self._tasks.pop(task_id, None)
+    def _record_failure(
+        self, task_id: str, error: BaseException, now: int, state: _TaskState | None = None
+    ) -> None:
+        if state is None:
+            state = self._tasks.pop(task_id, None)
         err: dict[str, Any] = dict(_error_args(error))
         metrics = _metrics_from_error(error)
-        # An error raised by an upstream task carries that task's measurements, not ours.
+        # A task whose input is a failed task's result never runs: Ray hands it
+        # the same error, which carries the upstream task's measurements, or
+        # (an OOM kill, a crash) the very same message. Record it as failed
+        # upstream, with no execution and no mark on a worker.
+        text_key = hash(str(error))
+        upstream = self._failures_seen.get(text_key)
         if metrics is not None and str(metrics.get("task_id")) != str(task_id):
-            metrics = None
+            upstream = str(metrics.get("task_id"))
+        if upstream is not None and upstream != task_id:
+            if state is not None:
+                state.metrics_ref = None
+                state.metrics = None
+                self._finish_task(
+                    state, now, {L.ARG_STATUS: "failed upstream", "upstream_task_id": upstream,
+                                 **err},
+                )
+            return
+        if len(self._failures_seen) < 10_000:
+            self._failures_seen[text_key] = task_id
         where: dict[str, Any] = {}
         node_id, pid = (None, 0) if metrics is not None else _where_from_error(error)
         if node_id:
@@ -622,6 +687,8 @@ class RunnerTracer:
         """No more tasks will be created for the stage: write its slice and flows now."""
         stage = self._stages.get(stage_id)
         if stage is not None:
+            if any(s.stage_id == stage_id for s in self._received):
+                self._complete_received()
             if any(s.stage_id == stage_id for s in self._pending_metrics):
                 self._drain_metrics()  # its memory summary needs their measurements
             self._write_stage(stage)
@@ -771,6 +838,7 @@ class RunnerTracer:
         now = self.writer.now()
         dispatched = [s.dispatch_ts for s in self._tasks.values() if s.dispatch_ts is not None]
         dispatched.extend(s.dispatch_ts for s in self._pending_metrics if s.dispatch_ts)
+        dispatched.extend(s.dispatch_ts for s in self._received if s.dispatch_ts)
         return min(dispatched, default=now)
 
     # ----------------------------------------------------------------- stages
@@ -820,6 +888,7 @@ class RunnerTracer:
 
     @_guarded
     def _close(self, error: BaseException | None) -> None:
+        self._complete_received()
         self._drain_metrics()
         now = self.writer.now()
         for state in list(self._tasks.values()):

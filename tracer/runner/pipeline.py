@@ -233,7 +233,6 @@ class _DispatchLoop:
         ]
         self.results: dict[int, Any] = {}
         self.failures: list[BaseException] = []  # failed tasks' errors (traced runs only)
-        self.dropped = [0] * len(self.stages)  # tasks never created: an upstream one failed
         self.done: set[int] = set()  # stages reported done
 
     def _fits(self, stage: Stage, pending: int) -> bool:
@@ -334,37 +333,33 @@ class _DispatchLoop:
                 ready.extend(more)
             update(num_ready=len(ready))
         last = len(self.stages) - 1
-        # Traced, the tasks' small measurements returns (one round trip for the
-        # batch) say which failed (an exception, an OOM kill, a crashed worker):
-        # the tracer records them where they ran, their partitions go no
-        # further, and the run raises the first failure once the other
-        # partitions are done. Untraced (level 0) this costs nothing: errors
-        # surface at the final ray.get, as before.
+        # Traced, the tasks' small measurements returns (fetched by the tracer
+        # for many tasks at once) say which failed: an exception, an OOM kill,
+        # a crashed worker. The tracer records them where they ran and reports
+        # them, possibly a few waves later; the run raises the first failure
+        # once the other partitions are done. A failed partition needs no
+        # special care meanwhile: Ray fails its downstream tasks with the same
+        # error without running them. Untraced (level 0) this costs nothing:
+        # errors surface at the final ray.get.
         tasks = [self.inflight.pop(ref) for ref in ready]
-        errors = tracer.tasks_received_as_ready([t.task_id for t in tasks]) or {}
+        errors = tracer.tasks_received_as_ready([t.task_id for t in tasks])
+        if errors:
+            self.failures.extend(errors.values())
         for ref, task in zip(ready, tasks, strict=True):
             index = task.stage_index
             self._account(self.stages[index], -1)
-            error = errors.get(task.task_id)
-            if error is not None:
-                self.failures.append(error)
             self.received[index] += 1
             self.progress.update(index, self.received[index])
-            if error is not None:
-                for later in range(index + 1, len(self.stages)):
-                    self.dropped[later] += 1  # its downstream tasks will never exist
-                    self._maybe_stage_done(later)
-            else:
-                if index == last:
-                    self.results[task.partition] = ref
-                    tracer.mark_handle_materialized_result()
-                self.plan.upstream_done(task, ref)
+            if index == last:
+                self.results[task.partition] = ref
+                tracer.mark_handle_materialized_result()
+            self.plan.upstream_done(task, ref)
             self._maybe_stage_done(index)
         tracer.count_inflight_tasks(len(self.inflight))
         return len(ready)
 
     def _maybe_stage_done(self, index: int) -> None:
-        done = self.received[index] + self.dropped[index]
+        done = self.received[index]
         if self.plan.source_done and done == self.plan.partitions_seen and index not in self.done:
             self.done.add(index)
             self.tracer.stage_done(index)
