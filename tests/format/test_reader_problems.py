@@ -264,7 +264,7 @@ def test_packets_needing_incremental_state_are_dropped_before_clear() -> None:
 def test_previous_packet_dropped_invalidates_interning_until_the_next_clear() -> None:
     """As in trace_processor: known iids still resolve, new interned data is ignored."""
     lost = names(event(INSTANT, 1, 6, name_iid=2), b=2)
-    lost.previous_packet_dropped = True
+    lost.previous_packet_dropped = 1
     data = trace_bytes(setup(), track(1), names(event(INSTANT, 1, 5, name_iid=1), a=1), lost,
                        event(INSTANT, 1, 7, name_iid=1),
                        setup(), names(event(INSTANT, 1, 8, name_iid=2), c=2))

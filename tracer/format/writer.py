@@ -97,6 +97,9 @@ _BODY_CACHE_LIMIT = 200_000
 _MAX_INTERNED_VALUE_LEN = 256
 #: Strings seen once are remembered in a set that is emptied at this size.
 _SEEN_ONCE_LIMIT = 8192
+#: Encoded (name, value) annotations kept for reuse; emptied when full.
+_ARG_CACHE_LIMIT = 4096
+_SCALARS = (str, int, float, bool)
 #: Nested dicts and lists in annotations deeper than this are refused.
 MAX_ARG_DEPTH = 32
 
@@ -305,6 +308,8 @@ class TraceWriter:
         self._arg_names: dict[str, int] = {}
         self._string_values: dict[str, int] = {}
         self._seen_once: set[str] = set()
+        # Encoded annotations by (name, value) for repeated scalar values.
+        self._arg_cache: dict[tuple[Any, ...], bytes] = {}
 
         self.start_ts = clock()
         self._last = self.start_ts
@@ -833,8 +838,23 @@ class TraceWriter:
                     raise InvalidArgumentTypeError(
                         f"args must be a mapping, got {type(args).__name__}"
                     )
+                arg_cache = self._arg_cache
                 for key, value in args.items():
-                    event += field_bytes(4, self._annotation(key, value, interned, 0))
+                    ckey = _arg_cache_key(key, value)
+                    encoded = arg_cache.get(ckey) if ckey is not None else None
+                    if encoded is None:
+                        before = len(interned)
+                        encoded = field_bytes(4, self._annotation(key, value, interned, 0))
+                        # Reusable only if it defined nothing new (interned
+                        # definitions go out once) and is not a string that
+                        # may be interned on its next use.
+                        if ckey is not None and len(interned) == before and (
+                            value.__class__ is not str or value in self._string_values
+                        ):
+                            if len(arg_cache) >= _ARG_CACHE_LIMIT:
+                                arg_cache.clear()
+                            arg_cache[ckey] = encoded
+                    event += encoded
             body = self._seq + b"\x5a" + varint(len(event)) + event
             packet_body = body + field_bytes(12, b"".join(interned)) if interned else body
             if ts is None:
@@ -998,6 +1018,19 @@ class TraceWriter:
         if isinstance(self._buf, _ClosedBuffer):
             return
         self._flush_buffer(durable_only=True)
+
+    def file_removed(self) -> bool:
+        """Whether the trace file was deleted (or its folder) while open.
+
+        On Linux writes to a deleted file succeed and vanish, so a long-running
+        writer checks this now and then (one ``fstat``, about a microsecond).
+        """
+        if self.closed:
+            return False
+        try:
+            return os.fstat(self._file.fileno()).st_nlink == 0
+        except OSError:
+            return True
 
     @property
     def closed(self) -> bool:
@@ -1252,3 +1285,15 @@ def _padding_body(size: int) -> bytes:
         if len(field) + inner == size:
             return field + bytes(inner)
     return _PAD_VARINT + _padding_body(size - 2)
+
+
+def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
+    """A hashable key for an annotation worth caching (scalars, flat dicts), else None."""
+    cls = value.__class__
+    if cls in _SCALARS:
+        return (key, cls, value)
+    if cls is dict and len(value) <= 8:  # type: ignore[arg-type]
+        items = tuple(value.items())  # type: ignore[attr-defined]
+        if all(k.__class__ is str and v.__class__ in _SCALARS for k, v in items):
+            return (key, dict, tuple((k, v.__class__, v) for k, v in items))
+    return None

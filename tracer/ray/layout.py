@@ -65,6 +65,10 @@ SLICE_DISPATCHED = "dispatched"
 INSTANT_TASK_FAILED = "task failed"
 
 # Annotation names.
+# Counts in a wave's args (the END of its slice).
+ARG_TASKS_ADDED = "tasks_added"
+ARG_TASKS_DISPATCHED = "tasks_dispatched"
+ARG_ACTOR_TASKS_DISPATCHED = "actor_tasks_dispatched"
 ARG_TASK_ID = "task_id"
 ARG_STAGE_ID = "stage_id"
 ARG_STAGE = "stage"
