@@ -4,8 +4,7 @@ It follows trace_processor's rules for the parts the memory counters use:
 per-sequence packet defaults (timestamp clock, track_uuid,
 extra_counter_track_uuids), incremental clocks with ``unit_multiplier_ns``,
 absolute BOOTTIME timestamps, ``extra_counter_values``, and the counter
-descriptor's ``unit_multiplier``. (tracer's reader does not read
-``extra_counter_values`` yet, so values written as extras are checked here.)
+descriptor's ``unit_multiplier``. The tests compare it with tracer's reader.
 """
 
 from __future__ import annotations

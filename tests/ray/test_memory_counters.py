@@ -63,12 +63,12 @@ def test_counter_sequence_decodes_with_perfetto_pb2(tmp_path: Path) -> None:
                 expected[track.uuid].append((ts // 1000 * 1000, value * mult))
                 last[track.uuid] = value
     assert decoded.samples == expected
-    # Same samples on tracer's reader for the values it reads (counter_value).
+    # The same samples through tracer's reader (extra counter values included).
     model = read_trace(path)
     assert not model.problems, model.problems
-    assert sorted((c.ts, c.value) for c in model.counters_on(heap.uuid)) == sorted(
-        expected[heap.uuid]
-    )
+    for track in (heap, rss, third):
+        read = sorted((c.ts, c.value) for c in model.counters_on(track.uuid))
+        assert read == sorted(expected[track.uuid]), track.name
 
 
 def test_counter_sequence_sizes(tmp_path: Path) -> None:

@@ -197,9 +197,10 @@ def test_worker_heap_and_rss_counters(rt: RunnerTrace, counters: DecodedCounters
         highest = max(highest, max(v for _, v in heap))
         # Counters are sorted per worker sequence: no sample with an absolute timestamp.
         assert [t for t, _ in heap] == sorted(t for t, _ in heap)
-        # The reader agrees on the values it reads (first track of the sequence).
-        read = sorted((c.ts, c.value) for c in rt.model.counters_on(mine[L.COUNTER_WORKER_HEAP]))
-        assert read == sorted(heap)
+        # tracer's reader agrees with perfetto's pb2 (extra counter values included).
+        for name, samples in ((L.COUNTER_WORKER_HEAP, heap), (L.COUNTER_WORKER_RSS, rss)):
+            read = sorted((c.ts, c.value) for c in rt.model.counters_on(mine[name]))
+            assert read == sorted(samples), name
     # Inflate holds its output across snapshots: the heap counter shows it (KiB rounding).
     assert INFLATION * SIZE - 2048 <= highest <= inflate_peak + 2048
 
@@ -216,6 +217,9 @@ def test_node_counters(rt: RunnerTrace, counters: DecodedCounters) -> None:
     assert REQUEST in {v for _, v in requested} and max(v for _, v in requested) <= 2 * REQUEST
     inflate = max(e.args[L.ARG_MEMORY_PEAK] for e in _executions(rt, "inflate"))
     assert inflate - 1024 <= max(v for _, v in used) <= 2 * inflate + 1024
+    for uuid, samples in ((mine[L.COUNTER_NODE_MEMORY_REQUESTED], requested),
+                          (mine[L.COUNTER_NODE_MEMORY_USED], used)):
+        assert sorted((c.ts, c.value) for c in rt.model.counters_on(uuid)) == sorted(samples)
     # Every step is an execution's start or end.
     edges = {_unit(t) for e in rt.executions for t in (e.ts, e.ts + (e.dur or 0))}
     assert {t for t, _ in requested + used} <= edges
