@@ -11,6 +11,7 @@ from typing import Any
 
 import cli_workloads
 import pytest
+from cli_trace_bytes import uncompressed
 
 from tracer.query import TraceQuery, find_trace_processor, records
 from tracer.query.errors import TraceProcessorNotFoundError
@@ -51,7 +52,7 @@ def trace(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def truncated(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = trace.read_bytes()
+    data = uncompressed(trace.read_bytes())
     path = tmp_path_factory.mktemp("cli") / "cut.perfetto-trace"
     path.write_bytes(data[: len(data) // 2])
     return path
@@ -101,6 +102,30 @@ def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None
     assert "tracer: warning: the trace is truncated" in result.stderr
     assert "Traceback" not in result.stderr
     assert "Stages" in result.stdout
+
+
+def test_summary_of_a_trace_cut_inside_its_only_bundle(trace: Path, tmp_path: Path) -> None:
+    data = trace.read_bytes()  # compressed: one bundle, lost whole when cut
+    cut = tmp_path / "cut.perfetto-trace"
+    cut.write_bytes(data[: len(data) // 2])
+    result = tracer("summary", cut)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("tracer: warning: the trace is cut before its first")
+    assert len(result.stderr.splitlines()) == 1
+    assert "(no tasks in this trace)" in result.stdout
+
+
+def test_summary_of_a_trace_that_is_not_a_runners(tmp_path: Path) -> None:
+    from tracer.format import TraceWriter
+
+    path = tmp_path / "plain.perfetto-trace"
+    with TraceWriter(path) as w:
+        track = w.track("something")
+        w.begin(track, "work")
+        w.end(track)
+    result = tracer("summary", path)
+    assert result.returncode == 0, result.stderr
+    assert "was it written by tracer.ray?" in result.stderr
 
 
 def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import query_workloads
 import synthetic_trace
+from trace_bytes import uncompressed
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +29,9 @@ def level2_trace(ray_manager: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="session")
 def truncated_trace(level1_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The level-1 trace cut at 60% of its bytes, as a crash while writing leaves it."""
-    data = level1_trace.read_bytes()
+    """The level-1 trace, uncompressed, cut at 60% of its bytes (inside a packet), as a
+    crash while writing an uncompressed trace leaves it."""
+    data = uncompressed(level1_trace.read_bytes())
     path = tmp_path_factory.mktemp("query") / "truncated.perfetto-trace"
     path.write_bytes(data[: len(data) * 6 // 10])
     return path

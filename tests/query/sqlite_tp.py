@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from tracer.format import TraceModel, read_trace
-from tracer.query.sql import VIEWS, sql_text, worker_utilisation_sql
+from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
 
 _SANITIZE = re.compile(r"[.\[\]]")
 
@@ -111,7 +111,7 @@ def connect(model: TraceModel) -> sqlite3.Connection:
             current = model.tracks.get(parent) if parent is not None else None
         if current is not None and current.uuid in utids:
             db.execute("INSERT INTO thread_track VALUES (?, ?)", (track.uuid, utids[current.uuid]))
-    db.executescript(sql_text(VIEWS))
+    db.executescript(sql_text(TABLES))
     return db
 
 

@@ -21,7 +21,7 @@ from pandas.testing import assert_frame_equal
 
 from tracer.query import (
     ANALYSES,
-    VIEWS,
+    TABLES,
     QueryConfig,
     QueryError,
     TraceProcessorError,
@@ -52,13 +52,13 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
 
 
 def test_every_analysis_ships_as_a_sql_file() -> None:
-    for name in (VIEWS, *ANALYSES):
+    for name in (TABLES, *ANALYSES):
         text = sql_text(name)
         assert text.startswith(f"-- {name}.sql"), name
     with pytest.raises(KeyError):
         sql_text("nope")
     assert "SELECT 5 AS buckets" in worker_utilisation_sql(5)
-    assert "debug.task_id" in sql_text(VIEWS)
+    assert "debug.task_id" in sql_text(TABLES)
 
 
 @pytest.mark.parametrize("trace", TRACES)

@@ -78,7 +78,9 @@ def fmt_dur(ns: Any, style: Style) -> str:
     sign = "-" if value < 0 else ""
     value = abs(value)
     micro = "µs" if style.rich else "us"
-    for limit, div, unit in ((1e3, 1.0, "ns"), (1e6, 1e3, micro), (1e9, 1e6, "ms"),
+    if value < 1e3:
+        return f"{sign}{value:.0f} ns"
+    for limit, div, unit in ((1e6, 1e3, micro), (1e9, 1e6, "ms"),
                              (600e9, 1e9, "s")):
         if value < limit:
             return f"{sign}{_sig(value / div)} {unit}"

@@ -19,8 +19,8 @@ def add_parser(commands: Any) -> None:
         help=HELP,
         description=(
             "Run PerfettoSQL on the trace in trace_processor and print the result of its last "
-            "statement. The views tracer_task, tracer_execution and tracer_task_latency "
-            "(tracer/query/sql/tracer_views.sql) are defined first. Debug annotations are "
+            "statement. The tables tracer_task, tracer_execution and tracer_task_latency "
+            "(tracer/query/sql/tracer_tables.sql) are defined first. Debug annotations are "
             "args named 'debug.<name>': EXTRACT_ARG(arg_set_id, 'debug.task_id')."
         ),
     )

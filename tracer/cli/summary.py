@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
         engine = q.engine
-    if stages.empty and loop["count"].isna().all():
+        warned = bool(q.warnings())
+    if stages.empty and loop["count"].isna().all() and not warned:
         warn(f"{args.trace} has no tasks and no dispatch loop: was it written by tracer.ray?")
     if args.json:
         print_json(

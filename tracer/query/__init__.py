@@ -26,14 +26,14 @@ from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery, check_tra
 from tracer.query.columns import SCHEMAS, records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import ENV_VAR, find_trace_processor
-from tracer.query.sql import ANALYSES, VIEWS, sql_path, sql_text
+from tracer.query.sql import ANALYSES, TABLES, sql_path, sql_text
 
 __all__ = [
     "ANALYSES",
     "ENGINES",
     "ENV_VAR",
     "SCHEMAS",
-    "VIEWS",
+    "TABLES",
     "Engine",
     "QueryConfig",
     "QueryError",

@@ -17,7 +17,7 @@ from tracer.query import from_model
 from tracer.query.columns import records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import find_trace_processor, one_line, start_trace_processor
-from tracer.query.sql import VIEWS, sql_text, worker_utilisation_sql
+from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
 
@@ -71,7 +71,7 @@ class TraceQuery:
     so. trace_processor is started on first need and stopped by
     :meth:`close` (or the ``with`` block).
 
-    In trace_processor, the views of ``tracer_views.sql`` (``tracer_task``,
+    In trace_processor, the tables of ``tracer_tables.sql`` (``tracer_task``,
     ``tracer_execution``, ``tracer_task_latency``) are defined before any
     query runs, so your SQL can use them.
     """
@@ -86,6 +86,7 @@ class TraceQuery:
         self._tp: Any = None
         self._model: TraceModel | None = None
         self._fallback: str | None = None
+        self._latency: list[dict[str, Any]] | None = None
         engine = self.config.engine
         if engine == "auto":
             try:
@@ -127,11 +128,11 @@ class TraceQuery:
                 verbose=self.config.verbose,
             )
             try:
-                tp.query(sql_text(VIEWS))
+                tp.query(sql_text(TABLES))
             except Exception as exc:
                 tp.close()
                 raise TraceProcessorError(
-                    f"trace_processor rejected tracer_views.sql: {one_line(exc)}"
+                    f"trace_processor rejected tracer_tables.sql: {one_line(exc)}"
                 ) from exc
             self._tp = tp
         return self._tp
@@ -150,6 +151,12 @@ class TraceQuery:
         except Exception as exc:
             raise QueryError(f"query failed: {one_line(exc)}") from exc
         return frame
+
+    def _latency_rows(self) -> list[dict[str, Any]]:
+        """The reader engine's tracer_task_latency, computed once."""
+        if self._latency is None:
+            self._latency = from_model.task_latency_rows(self.model)
+        return self._latency
 
     def _analysis(
         self,
@@ -199,7 +206,12 @@ class TraceQuery:
                 )
             return out
         model = self.model
-        if model.truncated:
+        if model.truncated and model.packet_count == 0:
+            out.append(
+                "the trace is cut before its first complete packet: there is nothing to "
+                "analyse (a compressed trace loses the bundle it was writing when a run dies)"
+            )
+        elif model.truncated:
             out.append(
                 f"the trace is truncated (cut while being written?): analysing the "
                 f"{model.packet_count} complete packets before the cut"
@@ -230,15 +242,21 @@ class TraceQuery:
 
     def stage_summary(self) -> pd.DataFrame:
         """Per stage: tasks, failed, wall span, task running time p50/p95/max, memory."""
-        return self._analysis("stage_summary", from_model.stage_summary)
+        return self._analysis(
+            "stage_summary", lambda m: from_model.stage_summary(m, self._latency_rows())
+        )
 
     def task_latency(self) -> pd.DataFrame:
         """Per task attempt: waiting, scheduling, running, pickup and total (ns)."""
-        return self._analysis("task_latency", from_model.task_latency)
+        return self._analysis(
+            "task_latency", lambda m: from_model.task_latency(m, self._latency_rows())
+        )
 
     def latency_by_stage(self) -> pd.DataFrame:
         """Per stage: p50 and p95 of each latency phase (ns)."""
-        return self._analysis("latency_by_stage", from_model.latency_by_stage)
+        return self._analysis(
+            "latency_by_stage", lambda m: from_model.latency_by_stage(m, self._latency_rows())
+        )
 
     def dispatch_loop(self) -> pd.DataFrame:
         """The dispatch loop's time per phase, and the gaps between phases."""
@@ -253,15 +271,21 @@ class TraceQuery:
 
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
-        return self._analysis("memory_by_stage", from_model.memory_by_stage)
+        return self._analysis(
+            "memory_by_stage", lambda m: from_model.memory_by_stage(m, self._latency_rows())
+        )
 
     def memory_by_node(self) -> pd.DataFrame:
         """Per node: measured peak memory, tasks over their request."""
-        return self._analysis("memory_by_node", from_model.memory_by_node)
+        return self._analysis(
+            "memory_by_node", lambda m: from_model.memory_by_node(m, self._latency_rows())
+        )
 
     def memory_flagged(self) -> pd.DataFrame:
         """The task attempts whose measured peak exceeded their memory request, worst first."""
-        return self._analysis("memory_flagged", from_model.memory_flagged)
+        return self._analysis(
+            "memory_flagged", lambda m: from_model.memory_flagged(m, self._latency_rows())
+        )
 
 
 def check_trace_file(path: str | os.PathLike[str]) -> Path:

@@ -134,7 +134,7 @@ def _thread_of(model: TraceModel, uuid: int) -> tuple[str | None, str | None]:
     return node, track.name
 
 
-# -------------------------------------------------------------- base views
+# ------------------------------------------------------------- base tables
 
 
 def tasks(model: TraceModel) -> list[Row]:
@@ -278,11 +278,19 @@ def run_info(model: TraceModel) -> Row:
 
 
 # ---------------------------------------------------------------- analyses
+#
+# Each takes the model, and optionally the rows of task_latency_rows(model)
+# already computed (TraceQuery computes them once for all analyses).
 
 
-def task_latency(model: TraceModel) -> list[Row]:
+def _latency(model: TraceModel, latency: list[Row] | None) -> list[Row]:
+    return latency if latency is not None else task_latency_rows(model)
+
+
+
+def task_latency(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``task_latency.sql``."""
-    rows = task_latency_rows(model)
+    rows = list(latency if latency is not None else task_latency_rows(model))
     rows.sort(key=lambda r: (_key(r["created_ts"]), _key(r["task_id"]), _key(r["attempt"])))
     return rows
 
@@ -296,10 +304,10 @@ def _values(rows: list[Row], column: str) -> list[int]:
     return [r[column] for r in rows if r[column] is not None]
 
 
-def stage_summary(model: TraceModel) -> list[Row]:
+def stage_summary(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``stage_summary.sql``."""
     out: list[Row] = []
-    for stage_id, rows in _by_stage(task_latency_rows(model)):
+    for stage_id, rows in _by_stage(_latency(model, latency)):
         durs = _values(rows, "running_ns")
         peaks = _values(rows, "memory_peak")
         out.append(
@@ -323,10 +331,10 @@ def stage_summary(model: TraceModel) -> list[Row]:
     return out
 
 
-def latency_by_stage(model: TraceModel) -> list[Row]:
+def latency_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``latency_by_stage.sql``."""
     out: list[Row] = []
-    for stage_id, rows in _by_stage(task_latency_rows(model)):
+    for stage_id, rows in _by_stage(_latency(model, latency)):
         row: Row = {
             "stage_id": stage_id,
             "stage": _min(r["stage"] for r in rows),
@@ -419,10 +427,10 @@ def worker_utilisation(model: TraceModel, buckets: int = 20) -> list[Row]:
     return out
 
 
-def memory_by_stage(model: TraceModel) -> list[Row]:
+def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``memory_by_stage.sql``."""
     out: list[Row] = []
-    for stage_id, rows in _by_stage(task_latency_rows(model)):
+    for stage_id, rows in _by_stage(_latency(model, latency)):
         peaks = _values(rows, "memory_peak")
         ratios = [
             r["memory_peak"] / r["memory_requested"]
@@ -453,9 +461,9 @@ def memory_by_stage(model: TraceModel) -> list[Row]:
     return out
 
 
-def memory_by_node(model: TraceModel) -> list[Row]:
+def memory_by_node(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``memory_by_node.sql``."""
-    measured = [r for r in task_latency_rows(model) if r["memory_peak"] is not None]
+    measured = [r for r in _latency(model, latency) if r["memory_peak"] is not None]
     out: list[Row] = []
     groups = _group(measured, lambda r: r["node"])
     for node, rows in sorted(groups.items(), key=lambda kv: _key(kv[0])):
@@ -474,10 +482,10 @@ def memory_by_node(model: TraceModel) -> list[Row]:
     return out
 
 
-def memory_flagged(model: TraceModel) -> list[Row]:
+def memory_flagged(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``memory_flagged.sql``."""
     out: list[Row] = []
-    for r in task_latency_rows(model):
+    for r in _latency(model, latency):
         killed = r["memory_at_kill"] is not None
         if not killed and not _over_request(r):
             continue

@@ -1,6 +1,6 @@
 """The PerfettoSQL files shipped in ``tracer/query/sql``.
 
-``tracer_views.sql`` defines the views (``tracer_task``, ``tracer_execution``,
+``tracer_tables.sql`` defines the tables (``tracer_task``, ``tracer_execution``,
 ``tracer_task_latency``) that the analysis files read; run it first. Each
 analysis file is one query. Users can read them, copy them and run them in
 trace_processor or the Perfetto UI's query page.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-__all__ = ["ANALYSES", "VIEWS", "sql_path", "sql_text", "worker_utilisation_sql"]
+__all__ = ["ANALYSES", "TABLES", "sql_path", "sql_text", "worker_utilisation_sql"]
 
-#: The file that defines the views every analysis uses.
-VIEWS = "tracer_views"
+#: The file that defines the tables every analysis uses.
+TABLES = "tracer_tables"
 
 #: The analyses, by name; each is ``sql/<name>.sql``.
 ANALYSES = (
@@ -33,8 +33,8 @@ _BUCKETS = re.compile(r"SELECT \d+ AS buckets")
 
 def sql_text(name: str) -> str:
     """The text of ``sql/<name>.sql`` (``KeyError`` for an unknown name)."""
-    if name != VIEWS and name not in ANALYSES:
-        raise KeyError(f"no SQL file named {name!r}; known: {', '.join((VIEWS, *ANALYSES))}")
+    if name != TABLES and name not in ANALYSES:
+        raise KeyError(f"no SQL file named {name!r}; known: {', '.join((TABLES, *ANALYSES))}")
     return resources.files("tracer.query").joinpath("sql", f"{name}.sql").read_text("utf-8")
 
 

@@ -26,26 +26,28 @@ loop AS (
     )
 ),
 phase AS (
-  SELECT l.id, l.name, l.parent_id, l.dur, parent.name AS parent_name
+  SELECT l.name, l.dur, parent.name AS parent_name
   FROM loop AS l
   LEFT JOIN slice AS parent ON parent.id = l.parent_id
   WHERE l.name IN ('plan polling', 'batching', 'dispatching', 'awaiting', 'no-op task')
 ),
-nested AS (
-  SELECT parent_id, SUM(dur) AS dur FROM phase GROUP BY parent_id
+-- A phase's own time: its slices' time minus that of the phases nested in them.
+by_name AS (
+  SELECT name, COUNT(*) AS count, SUM(dur) AS dur FROM phase GROUP BY name
 ),
-own AS (
-  SELECT p.name, p.parent_name, p.dur, p.dur - COALESCE(n.dur, 0) AS own_ns
-  FROM phase AS p
-  LEFT JOIN nested AS n ON n.parent_id = p.id
+nested AS (
+  SELECT parent_name AS name, SUM(dur) AS dur
+  FROM phase
+  WHERE parent_name IN ('plan polling', 'batching', 'dispatching', 'awaiting', 'no-op task')
+  GROUP BY parent_name
 ),
 totals AS (
   SELECT
     (SELECT COALESCE(SUM(dur), 0) FROM loop WHERE name = 'execution') AS span,
     (SELECT COALESCE(SUM(dur), 0) FROM loop WHERE name = 'wave') AS waves,
-    (SELECT COALESCE(SUM(dur), 0) FROM own WHERE parent_name = 'wave') AS in_waves,
+    (SELECT COALESCE(SUM(dur), 0) FROM phase WHERE parent_name = 'wave') AS in_waves,
     (
-      SELECT COALESCE(SUM(dur), 0) FROM own
+      SELECT COALESCE(SUM(dur), 0) FROM phase
       WHERE parent_name IS NULL
         OR parent_name NOT IN (
           'wave', 'plan polling', 'batching', 'dispatching', 'awaiting', 'no-op task'
@@ -53,7 +55,9 @@ totals AS (
     ) AS outside_waves
 ),
 phase_row AS (
-  SELECT name AS phase, COUNT(*) AS count, SUM(own_ns) AS total_ns FROM own GROUP BY name
+  SELECT b.name AS phase, b.count, b.dur - COALESCE(n.dur, 0) AS total_ns
+  FROM by_name AS b
+  LEFT JOIN nested AS n ON n.name = b.name
   UNION ALL
   SELECT 'gaps in waves', NULL, waves - in_waves FROM totals
   UNION ALL

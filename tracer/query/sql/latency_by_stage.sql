@@ -1,5 +1,5 @@
 -- latency_by_stage.sql: where each stage's task latency goes, phase by phase.
--- Needs tracer_views.sql. p50 and p95 (nearest-rank) of each phase of
+-- Needs tracer_tables.sql. p50 and p95 (nearest-rank) of each phase of
 -- tracer_task_latency: waiting (in the runner), scheduling (Ray), running,
 -- pickup (until the runner saw the result) and total (created -> received).
 WITH metric_value AS (

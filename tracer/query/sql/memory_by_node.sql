@@ -1,5 +1,5 @@
 -- memory_by_node.sql: measured task memory, one row per node.
--- Needs tracer_views.sql. Only task attempts with a measured peak count.
+-- Needs tracer_tables.sql. Only task attempts with a measured peak count.
 --   tasks                measured tasks that ran on the node
 --   peak_p50/max_bytes   their peaks (nearest-rank p50)
 --   over_request         tasks with a request (> 0) whose peak exceeded it

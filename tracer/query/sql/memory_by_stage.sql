@@ -1,5 +1,5 @@
 -- memory_by_stage.sql: requested vs actual memory, one row per stage.
--- Needs tracer_views.sql.
+-- Needs tracer_tables.sql.
 --   tasks / measured     task attempts, and those with a measured peak
 --   requested_bytes      the largest memory request of the stage's tasks
 --   peak_p50/max_bytes   measured peaks (nearest-rank p50)

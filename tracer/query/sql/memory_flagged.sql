@@ -1,5 +1,5 @@
 -- memory_flagged.sql: the tasks that used more memory than they asked for.
--- Needs tracer_views.sql. A task is flagged when
+-- Needs tracer_tables.sql. A task is flagged when
 --   reason 'oom killed'    Ray's OOM killer killed it (peak_bytes: the worker's
 --                          memory use Ray reported at the kill), or
 --   reason 'over request'  its measured peak exceeded its request (> 0).

@@ -1,4 +1,4 @@
--- stage_summary.sql: one row per stage. Needs tracer_views.sql.
+-- stage_summary.sql: one row per stage. Needs tracer_tables.sql.
 --   tasks, failed        task attempts, and those that ended in an error
 --   wall_ns              first task created -> last task received
 --   dur_p50/p95/max_ns   task running time (the execution measured in the worker)

@@ -1,5 +1,5 @@
 -- task_latency.sql: every task attempt with the four phases of its latency.
--- Needs tracer_views.sql. Phases (ns): waiting (created -> dispatched, in the
+-- Needs tracer_tables.sql. Phases (ns): waiting (created -> dispatched, in the
 -- runner), scheduling (dispatched -> started, Ray), running (the task body),
 -- pickup (finished -> received by the runner); total = created -> received.
 SELECT

@@ -1,5 +1,5 @@
 -- worker_utilisation.sql: how busy each worker was, bucket by bucket.
--- Needs tracer_views.sql. The run (first to last event of the trace) is cut
+-- Needs tracer_tables.sql. The run (first to last event of the trace) is cut
 -- into `buckets` equal buckets (change the number in `params`); for every
 -- worker of every node and every bucket: busy_ns, the time its executions
 -- overlap the bucket, and busy_fraction = busy_ns / bucket_ns. start_ns is

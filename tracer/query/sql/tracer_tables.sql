@@ -1,9 +1,11 @@
--- tracer_views.sql: the views every tracer analysis is built on.
+-- tracer_tables.sql: the tables every tracer analysis is built on.
 --
 -- Load a runner trace in trace_processor, run this file, then run any of the
 -- analysis files next to it (stage_summary.sql, task_latency.sql, ...) or your
--- own SQL over these views. `tracer query` and tracer.query.TraceQuery run it
--- for you. The names come from tracer/ray/layout.py; debug annotations are the
+-- own SQL over these tables. `tracer query` and tracer.query.TraceQuery run it
+-- for you. They are plain SQLite tables with indexes, built once per session:
+-- views would join on computed task_id columns and on slice.parent_id, which
+-- trace_processor's slice table cannot index, in quadratic time on big traces. The names come from tracer/ray/layout.py; debug annotations are the
 -- args named 'debug.<name>' (nested: 'debug.resource_request.memory_bytes').
 --
 -- Timestamps (*_ts) and durations (*_ns) are nanoseconds in the trace clock;
@@ -17,8 +19,18 @@
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
 -- retry. memory_at_kill is set on a task Ray's OOM killer killed (the worker's
 -- memory use Ray reported; such a task has no execution slice).
-DROP VIEW IF EXISTS tracer_task;
-CREATE VIEW tracer_task AS
+DROP TABLE IF EXISTS tracer_task_latency;
+DROP TABLE IF EXISTS tracer_execution;
+DROP TABLE IF EXISTS tracer_task;
+DROP TABLE IF EXISTS tracer_dispatched;
+
+CREATE TABLE tracer_dispatched AS
+SELECT parent_id AS task_slice_id, ts
+FROM slice
+WHERE category = 'task' AND name = 'dispatched' AND parent_id IS NOT NULL;
+CREATE INDEX tracer_dispatched_by_task ON tracer_dispatched(task_slice_id);
+
+CREATE TABLE tracer_task AS
 SELECT
   t.id AS slice_id,
   EXTRACT_ARG(t.arg_set_id, 'debug.task_id') AS task_id,
@@ -37,9 +49,10 @@ SELECT
     THEN t.ts + t.dur
   END AS received_ts
 FROM slice AS t
-LEFT JOIN slice AS d
-  ON d.parent_id = t.id AND d.category = 'task' AND d.name = 'dispatched'
+LEFT JOIN tracer_dispatched AS d ON d.task_slice_id = t.id
 WHERE t.category = 'task' AND t.depth = 0;
+CREATE INDEX tracer_task_by_task_id ON tracer_task(task_id);
+DROP TABLE tracer_dispatched;
 
 -- One row per task execution, measured inside the Ray worker (category
 -- 'execution', on a worker thread of a node process, or on a lane under the
@@ -47,8 +60,7 @@ WHERE t.category = 'task' AND t.depth = 0;
 -- memray's heap peak at level 2 (peak_source 'heap'), else the worker
 -- process's peak RSS while the task ran (peak_source 'rss': level 1, or level 2
 -- when memray was unavailable; it includes the worker's own baseline).
-DROP VIEW IF EXISTS tracer_execution;
-CREATE VIEW tracer_execution AS
+CREATE TABLE tracer_execution AS
 SELECT
   s.id AS slice_id,
   EXTRACT_ARG(s.arg_set_id, 'debug.task_id') AS task_id,
@@ -71,6 +83,7 @@ LEFT JOIN thread_track AS tt ON tt.id = s.track_id
 LEFT JOIN thread AS th ON th.utid = tt.utid
 LEFT JOIN process AS p ON p.upid = th.upid
 WHERE s.category = 'execution' AND s.name != 'task failed' AND s.dur >= 0;
+CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 
 -- One row per task attempt with its execution joined by the task_id
 -- annotation, and the four phases of its latency:
@@ -80,11 +93,11 @@ WHERE s.category = 'execution' AND s.name != 'task failed' AND s.dur >= 0;
 --   pickup_ns     finished -> received   (until the runner saw the result)
 -- An execution goes to the latest attempt of its task_id created before it
 -- started; an attempt keeps its latest execution.
-DROP VIEW IF EXISTS tracer_task_latency;
-CREATE VIEW tracer_task_latency AS
+DROP TABLE IF EXISTS tracer_match;
+CREATE TABLE tracer_match AS
 WITH candidate AS (
   SELECT
-    e.slice_id AS execution_slice_id,
+    e.*,
     t.slice_id AS task_slice_id,
     ROW_NUMBER() OVER (
       PARTITION BY e.slice_id
@@ -96,25 +109,31 @@ WITH candidate AS (
   FROM tracer_execution AS e
   JOIN tracer_task AS t ON t.task_id = e.task_id
 ),
-matched AS (
+latest AS (
   SELECT
-    c.task_slice_id,
-    e.slice_id,
-    e.start_ts,
-    e.end_ts,
-    e.memory_requested,
-    e.memory_peak,
-    e.peak_source,
-    e.status,
-    e.node,
-    e.worker,
+    *,
     ROW_NUMBER() OVER (
-      PARTITION BY c.task_slice_id ORDER BY e.start_ts DESC, e.slice_id DESC
-    ) AS pick
-  FROM candidate AS c
-  JOIN tracer_execution AS e ON e.slice_id = c.execution_slice_id
-  WHERE c.pick = 1
+      PARTITION BY task_slice_id ORDER BY start_ts DESC, slice_id DESC
+    ) AS latest_pick
+  FROM candidate
+  WHERE pick = 1
 )
+SELECT
+  task_slice_id,
+  slice_id,
+  start_ts,
+  end_ts,
+  memory_requested,
+  memory_peak,
+  peak_source,
+  status,
+  node,
+  worker
+FROM latest
+WHERE latest_pick = 1;
+CREATE INDEX tracer_match_by_task ON tracer_match(task_slice_id);
+
+CREATE TABLE tracer_task_latency AS
 SELECT
   t.task_id,
   t.attempt,
@@ -140,4 +159,5 @@ SELECT
   t.slice_id AS task_slice_id,
   m.slice_id AS execution_slice_id
 FROM tracer_task AS t
-LEFT JOIN matched AS m ON m.task_slice_id = t.slice_id AND m.pick = 1;
+LEFT JOIN tracer_match AS m ON m.task_slice_id = t.slice_id;
+DROP TABLE tracer_match;
