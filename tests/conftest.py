@@ -52,6 +52,7 @@ class RayManager:
             return
         self.shutdown()
         ray.init(
+            address="local",  # always a new local instance, never a cluster already running
             num_cpus=2,
             object_store_memory=OBJECT_STORE_MEMORY,
             include_dashboard=False,

@@ -249,16 +249,25 @@ class RunnerTracer:
         self._sample_resources()
         w.flush()
         self._stop_flusher = threading.Event()
+        self._flush_due = threading.Event()
         self._flusher = threading.Thread(
             target=self._flush_periodically, name=f"tracer-flush-{execution_id}", daemon=True
         )
         self._flusher.start()
 
     def _flush_periodically(self) -> None:
-        """Flush at least every second, so a killed driver leaves at most ~1 s unwritten."""
-        while not self._stop_flusher.wait(_FLUSH_INTERVAL_S):
-            if time.monotonic() - self._last_flush >= _FLUSH_INTERVAL_S:
-                self.flush()
+        """Flush when a wave ends, and at least every second.
+
+        The file I/O happens here, not in the dispatch loop: in a Ray driver
+        every system call is a chance for another thread to take the GIL, and
+        the loop would pay for that at every wave.
+        """
+        while not self._stop_flusher.is_set():
+            self._flush_due.wait(_FLUSH_INTERVAL_S)
+            self._flush_due.clear()
+            if self._stop_flusher.is_set():
+                return
+            self.flush()
 
     # ------------------------------------------------------------- failures
 
@@ -267,6 +276,7 @@ class RunnerTracer:
             return
         self._disabled = True
         self._stop_flusher.set()
+        self._flush_due.set()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "
             "the run continues untraced; the trace so far is in %s",
@@ -315,7 +325,7 @@ class RunnerTracer:
         self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
-        self._flush_checked()
+        self._flush_due.set()  # the flusher thread writes it out now
 
     @contextlib.contextmanager
     def _loop_slice(self, name: str, args: dict[str, Any] | None = None) -> Iterator[None]:
@@ -897,6 +907,9 @@ class RunnerTracer:
         if self._closed:
             return
         self._stop_flusher.set()
+        self._flush_due.set()
+        if self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=5.0)
         self._close(error)
         self._closed = True
         if not self._disabled:

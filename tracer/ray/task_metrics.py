@@ -75,15 +75,23 @@ def _where() -> Metrics:
     try:
         import ray
 
+        if not ray.is_initialized():  # never start a Ray just to ask where we are
+            return {}
         ctx = ray.get_runtime_context()
+        fixed = _PROCESS_WHERE.get(os.getpid())
+        if fixed is None:  # a worker's node and id never change: ask Ray once
+            fixed = _PROCESS_WHERE[os.getpid()] = (ctx.get_node_id(), ctx.get_worker_id())
         return {
-            "node_id": ctx.get_node_id(),
-            "worker_id": ctx.get_worker_id(),
+            "node_id": fixed[0],
+            "worker_id": fixed[1],
             "ray_task_id": ctx.get_task_id(),
             "assigned_resources": dict(ctx.get_assigned_resources()),
         }
     except Exception:  # outside a worker, or Ray shutting down
         return {}
+
+
+_PROCESS_WHERE: dict[int, tuple[str, str]] = {}  # by pid: safe across fork
 
 
 @contextlib.contextmanager
