@@ -1,5 +1,7 @@
 -- stage_summary.sql: one row per stage. Needs tracer_tables.sql.
---   tasks, failed        task attempts, and those that ended in an error
+--   tasks, failed        task attempts, and those that failed themselves (status
+--                        'failed'; tasks that never ran because an upstream task
+--                        failed have status 'failed upstream' in task_latency)
 --   wall_ns              first task created -> last task received
 --   dur_p50/p95/max_ns   task running time (the execution measured in the worker)
 --   memory_requested     the largest memory request of the stage's tasks (bytes)
