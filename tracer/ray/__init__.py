@@ -15,18 +15,39 @@ The level comes from ``$TRACER_ENABLE_RAY_TRACING`` or ``level=``; at 0
 every call is a no-op.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
 from tracer.ray.output import default_trace_dir, default_trace_path
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.runner_tracer import AnyRunnerTracer, NullRunnerTracer, RunnerTracer
 from tracer.ray.session import new_execution_id, ray_tracer
 from tracer.ray.task_metrics import TaskContext, collect_ray_task_metrics
-from tracer.ray.wrappers import (
-    MaterializedPlanWrapper,
-    RayFunctionWrapper,
-    RayModuleWrapper,
-    RayRunnableFunctionWrapper,
-)
+
+if TYPE_CHECKING:
+    from tracer.ray.wrappers import (
+        MaterializedPlanWrapper,
+        RayFunctionWrapper,
+        RayModuleWrapper,
+        RayRunnableFunctionWrapper,
+    )
+
+# The wrappers import ray (a ~0.2 s import); load them on first use, so that
+# tools that only read traces (the CLI, tracer.query) start quickly.
+_LAZY = {
+    "MaterializedPlanWrapper",
+    "RayFunctionWrapper",
+    "RayModuleWrapper",
+    "RayRunnableFunctionWrapper",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from tracer.ray import wrappers
+
+        return getattr(wrappers, name)
+    raise AttributeError(f"module 'tracer.ray' has no attribute {name!r}")
 
 __all__ = [
     "ENV_VAR",

@@ -1095,7 +1095,7 @@ def _error_args(error: BaseException) -> dict[str, str]:
     # traceback; Ray's system errors (OOM kill, crashed worker) lead with the
     # summary, followed by details (the OOM killer's report runs to ~40 lines).
     message = lines[-1] if lines and cause is not error else " ".join(lines[:1])
-    if isinstance(error, _OOM_ERRORS) and len(lines) > 1:
+    if _is_oom_kill(error) and len(lines) > 1:
         reason = next((line for line in lines if line.startswith("OOM kill reason")), "")
         message = f"{message} {reason}".strip()
     return {
@@ -1104,15 +1104,10 @@ def _error_args(error: BaseException) -> dict[str, str]:
     }
 
 
-def _oom_error_types() -> tuple[type[BaseException], ...]:
-    try:
-        from ray.exceptions import OutOfMemoryError
-    except Exception:  # pragma: no cover - ray is a dependency
-        return ()
-    return (OutOfMemoryError,)
+def _is_oom_kill(error: BaseException) -> bool:
+    """Ray's ``OutOfMemoryError``, told by name so importing this module needs no Ray."""
+    return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__)
 
-
-_OOM_ERRORS = _oom_error_types()
 _KILL_MEMORY_RE = re.compile(r"actual memory used=([0-9.]+)\s*([KMGT]?B)")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
