@@ -31,8 +31,10 @@ The writer is not thread-safe: serialise calls from several threads yourself
 
 from __future__ import annotations
 
+import collections
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -287,6 +289,9 @@ class TraceWriter:
 
         self._buf: bytearray | _ClosedBuffer = bytearray()
         self._tail = bytearray()  # raw packets on disk that the next bundle will replace
+        # Chunks taken from the buffer, written in order under _io_lock (see detach()).
+        self._outbox: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self._io_lock = threading.Lock()
         self._file_end = 0
         self.bytes_written = 0
         self._next_uuid = 1
@@ -958,11 +963,29 @@ class TraceWriter:
         compress about 3x worse than big ones, and this keeps both: every
         flush is durable, and the file ends up made of big bundles.
         """
+        self._take(durable_only)
+        self._drain_outbox()
+
+    def _take(self, durable_only: bool) -> None:
+        """Move the buffer to the outbox (no I/O), in event order."""
         buf = self._buf
-        if not len(buf) and (durable_only or not self._tail):
+        if len(buf):
+            self._outbox.append((bytes(buf), durable_only))  # type: ignore[arg-type]
+            buf.clear()  # type: ignore[union-attr]
+        elif not durable_only:
+            self._outbox.append((b"", False))  # at close: bundle the raw tail
+
+    def _drain_outbox(self) -> None:
+        """Write what was taken, in the order it was taken (one writer of the file at a time)."""
+        with self._io_lock:
+            outbox = self._outbox
+            while outbox:
+                data, durable_only = outbox.popleft()
+                self._commit(data, durable_only)
+
+    def _commit(self, data: bytes, durable_only: bool) -> None:
+        if not data and (durable_only or not self._tail):
             return
-        data = bytes(buf)  # type: ignore[arg-type]
-        buf.clear()  # type: ignore[union-attr]
         if not self._compress:
             self._write(data)
             return
@@ -1018,6 +1041,21 @@ class TraceWriter:
         if isinstance(self._buf, _ClosedBuffer):
             return
         self._flush_buffer(durable_only=True)
+
+    def detach(self) -> None:
+        """Take what is buffered for :meth:`write_detached`, without any I/O.
+
+        For a writer shared by threads: call ``detach`` where events are
+        written (under the caller's own lock), and ``write_detached`` from
+        another thread, outside that lock, so event writers never wait for
+        the disk. Chunks are written in the order they were detached.
+        """
+        if not isinstance(self._buf, _ClosedBuffer):
+            self._take(durable_only=True)
+
+    def write_detached(self) -> None:
+        """Write everything :meth:`detach` took (thread-safe; raises TraceWriteError)."""
+        self._drain_outbox()
 
     def file_removed(self) -> bool:
         """Whether the trace file was deleted (or its folder) while open.

@@ -18,6 +18,26 @@ into one trace file. It writes, through the format layer:
 
 The track and annotation names are in :mod:`tracer.ray.layout`.
 
+**What can be known about failures.** A task that raised, was OOM-killed or
+whose worker crashed is recorded as failed where it ran (from the
+measurements its error carries, or the worker Ray's error names). Ray
+retries crashed attempts (``max_retries``) and, with ``retry_exceptions``,
+attempts that raised, transparently: only the last attempt's return reaches
+the driver. Its measurements carry Ray's attempt number, so a retried task
+says how many attempts it took (``ray_attempts``) and how many left no
+measurement (``unmeasured_attempts``). An attempt that raised reports itself
+through the metrics actor when the execution has one (failure path only);
+a crashed attempt never can. A task the runner cancels
+(:meth:`RunnerTracer.task_cancelled`, or a ``TaskCancelledError`` it
+reports) is ``cancelled``, with an execution when it had started and its
+measurements come back (a graceful cancel), else without one.
+
+**Lost measurements.** Every wait on Ray has a timeout. Measurements that do
+not arrive are recorded as lost (an instant per task, and a count on the
+execution slice); a metrics actor that stops answering is called no more
+after its first failure, and the tasks whose measurements it held or would
+have received are recorded as lost.
+
 Why it is built this way: the dispatch loop must stay fast, so every call
 writes a few bytes and returns; task measurements arrive late (when a task is
 received) and are written with their true timestamps, which the format layer
@@ -58,10 +78,25 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # the machines of a cluster, and trace_processor keys threads by tid.
 _NODE_PID_BASE = 2_000_000_000
 _FLUSH_INTERVAL_S = 1.0
+_MIN_FLUSH_GAP_S = 0.02
 #: Received tasks are completed (measurements fetched in one ray.get) in
 #: batches this big, or this often: a ray.get costs ~100 µs whatever its size.
 _FETCH_BATCH = 64
 _FETCH_INTERVAL_NS = 200_000_000
+#: Timeouts of the tracer's waits on Ray. Measurements of received tasks are
+#: small values already in the driver (~ms); one call of the metrics actor
+#: is ~1 ms, and after its first failure the actor is not called again.
+_METRICS_TIMEOUT_S = 10.0
+_ACTOR_TIMEOUT_S = 5.0
+#: At close, how long to wait for measurements still on their way: through
+#: the metrics actor (a task's fire-and-forget call may land after the runner
+#: received its result), and of cancelled tasks.
+_CLOSE_GRACE_S = 1.0
+#: Error types of a cancelled task (Ray's, and what a task sees inside).
+_CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
+#: Failed attempts remembered so that one reported twice (through the actor
+#: and in its error) is written once.
+_MAX_FAILED_ATTEMPTS = 100_000
 
 
 def _guarded(method: _F) -> _F:
@@ -195,6 +230,9 @@ class RunnerTracer:
         self._disabled = False
         self._closed = False
         self._metrics_actor = metrics_actor
+        # The execution has (or had) a metrics actor; why it is gone, once it is.
+        self._actor_channel = metrics_actor is not None
+        self._actor_lost: str | None = None
         self._last_flush = time.monotonic()
 
         w = writer
@@ -226,6 +264,12 @@ class RunnerTracer:
         # Tasks whose measurements may come through the metrics actor, by id (for their flow).
         self._actor_tasks: dict[str, _TaskState] = {}
         self._lost_measurements = 0
+        # Failure paths only: (task id, Ray attempt) of the executions written
+        # for failed attempts, and per task in flight how many were written.
+        self._failed_attempts: set[tuple[str, int]] = set()
+        self._measured_failures: dict[str, set[int]] = {}
+        # Cancelled tasks whose measurements may still come back: (state, metrics ref).
+        self._cancelled: list[tuple[_TaskState, Any]] = []
         self._memory = MemoryTrace(writer, level)
 
         totals = cluster_resources or {}
@@ -256,7 +300,7 @@ class RunnerTracer:
         self._flusher.start()
 
     def _flush_periodically(self) -> None:
-        """Flush when a wave ends, and at least every second.
+        """Flush when a wave ends (at most every 20 ms), and at least every second.
 
         The file I/O happens here, not in the dispatch loop: in a Ray driver
         every system call is a chance for another thread to take the GIL, and
@@ -268,6 +312,9 @@ class RunnerTracer:
             if self._stop_flusher.is_set():
                 return
             self.flush()
+            # Waves can end thousands of times a second: flush what the waves
+            # of the next few ms add in one go, not one write per wave.
+            self._stop_flusher.wait(_MIN_FLUSH_GAP_S)
 
     # ------------------------------------------------------------- failures
 
@@ -322,6 +369,8 @@ class RunnerTracer:
         if self._received and self.writer.now() - self._last_fetch >= _FETCH_INTERVAL_NS:
             self._complete_received()
         self._drain_metrics()
+        if self._cancelled:
+            self._poll_cancelled(0)
         self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
@@ -461,9 +510,9 @@ class RunnerTracer:
         old = self._tasks.get(state.task_id)
         if old is not None:  # a retry reuses the id: close the earlier attempt's slices
             state.attempt = old.attempt + 1
-            self._finish_task(old, now, {L.ARG_STATUS: "superseded"})
+            self._finish_task(old, now, {L.ARG_STATUS: L.STATUS_SUPERSEDED})
         self._tasks[state.task_id] = state
-        if self._metrics_actor is not None:
+        if self._actor_channel:  # even once the actor is gone: to count what is lost
             self._actor_tasks[state.task_id] = state
         args: dict[str, Any] = {
             L.ARG_TASK_ID: state.task_id,
@@ -495,7 +544,7 @@ class RunnerTracer:
         self._used_mem += req.memory_bytes or 0
         return TaskContext(
             self.execution_id, state.task_id, state.stage_id, int(self.level),
-            self.memray_native_traces,
+            self.memray_native_traces, self._metrics_actor is not None,
         )
 
     @_guarded
@@ -528,7 +577,7 @@ class RunnerTracer:
         import ray
 
         try:
-            metrics = ray.get(state.metrics_ref, timeout=10.0)
+            metrics = ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             return None  # left for the wave's drain
         except Exception as exc:
@@ -595,6 +644,11 @@ class RunnerTracer:
             return _NO_ERRORS
         fetch = [s for s in states if s.metrics_ref is not None and s.metrics is None]
         errors = self._fetch_metrics(fetch) if fetch else {}
+        if self._metrics_actor is not None and (
+            errors or any(s.metrics is not None and s.metrics.get("attempt") for s in fetch)
+        ):
+            # Retried or failed tasks: their earlier attempts may be in the actor.
+            self._drain_actor()
         for state in states:
             error = errors.get(state.task_id)
             if error is None:
@@ -610,18 +664,11 @@ class RunnerTracer:
         refs = [s.metrics_ref for s in states]
         values: list[Any]
         try:
-            values = ray.get(refs, timeout=10.0)
+            values = ray.get(refs, timeout=_METRICS_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             return {}  # left for the wave's drain
         except Exception:  # at least one failed: sort them out one by one (rare)
-            values = []
-            for ref in refs:
-                try:
-                    values.append(ray.get(ref, timeout=10.0))
-                except ray.exceptions.GetTimeoutError:
-                    values.append(None)
-                except Exception as exc:
-                    values.append(exc)
+            values = _get_each(refs)
         errors: dict[str, BaseException] = {}
         for state, value in zip(states, values, strict=True):
             if isinstance(value, BaseException):
@@ -631,6 +678,10 @@ class RunnerTracer:
         return errors
 
     def _finish_task(self, state: _TaskState, now: int, args: dict[str, Any] | None) -> None:
+        if state.metrics is not None and state.metrics.get("attempt"):
+            args = {**(args or {}), **self._attempt_args(state.task_id, state.metrics)}
+        elif self._actor_channel and args is None and state.metrics_ref is None:
+            self._actor_task_received(state)
         w = self.writer
         if state.dispatch_ts is not None:
             w.end(state.lane, now)
@@ -648,17 +699,92 @@ class RunnerTracer:
             if len(self._pending_metrics) >= 512:
                 self._drain_metrics()
 
+    def _attempt_args(self, task_id: str, metrics: Metrics) -> dict[str, Any]:
+        """A retried task's attempts: how many, and how many were never measured."""
+        attempt = int(metrics.get("attempt") or 0)
+        measured = self._measured_failures.pop(task_id, set())
+        return {
+            L.ARG_RAY_ATTEMPTS: attempt + 1,
+            L.ARG_UNMEASURED_ATTEMPTS: attempt - sum(1 for a in measured if a < attempt),
+        }
+
+    def _actor_task_received(self, state: _TaskState) -> None:
+        """A task measured through the actor was received: if the actor is gone, so are they."""
+        if self._actor_lost is not None and (
+            self._actor_tasks.pop(state.task_id, None) is not None
+        ):
+            self._lost(state.task_id, self._actor_lost)
+
     @_guarded
     def task_failed(self, task_id: str, error: BaseException) -> None:
         """The task's result is an error: end its slices with the error, mark where it ran."""
         self._record_failure(str(task_id), error, self.writer.now())
+
+    @_guarded
+    def task_cancelled(self, task_id: str) -> None:
+        """The runner cancelled the task (``ray.cancel``): end its slices as cancelled.
+
+        Its lane and resources are released at once. If it was running and
+        stops gracefully, its measurements come back in Ray's error and its
+        execution is written, as cancelled, a wave or two later (at close,
+        after up to ``_CLOSE_GRACE_S``); a task cancelled before it started,
+        or force-killed, has no execution (a force-killed one is marked on
+        the worker Ray names). Nothing here waits on Ray.
+        """
+        state = self._tasks.pop(str(task_id), None)
+        if state is None:
+            return  # unknown, or already received: cancelling it changed nothing
+        self._actor_tasks.pop(state.task_id, None)
+        self._measured_failures.pop(state.task_id, None)
+        ref, state.metrics_ref = state.metrics_ref, None
+        state.metrics = None
+        self._finish_task(state, self.writer.now(), {L.ARG_STATUS: L.STATUS_CANCELLED})
+        if ref is not None:
+            self._cancelled.append((state, ref))
+
+    def _poll_cancelled(self, timeout: float) -> None:
+        """Write the executions of cancelled tasks whose outcome is known (wait ``timeout``)."""
+        import ray
+
+        pending, self._cancelled = self._cancelled, []
+        refs = [ref for _, ref in pending]
+        try:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        except Exception:
+            return  # Ray cannot tell: nothing more will be known
+        done = set(ready)
+        for state, ref in pending:
+            if ref not in done:
+                if not timeout:
+                    self._cancelled.append((state, ref))
+                continue  # at close: still stopping; the task slice says it was cancelled
+            try:
+                metrics = ray.get(ref, timeout=_METRICS_TIMEOUT_S)
+            except Exception as exc:
+                metrics = _metrics_from_error(exc)
+                if metrics is None:
+                    node_id, pid = _where_from_error(exc)
+                    if pid:  # it was running: mark the worker where it stopped
+                        self.writer.instant(
+                            self._located(node_id, pid), L.INSTANT_TASK_CANCELLED,
+                            category=L.CAT_EXECUTION,
+                            args={L.ARG_TASK_ID: state.task_id, **_error_args(exc)},
+                        )
+                    continue
+                if str(metrics.get("task_id")) != state.task_id:
+                    continue  # never ran: these are an upstream task's
+            if isinstance(metrics, dict):
+                self._write_execution(metrics, state)
 
     def _record_failure(
         self, task_id: str, error: BaseException, now: int, state: _TaskState | None = None
     ) -> None:
         if state is None:
             state = self._tasks.pop(task_id, None)
+        # Its measurements come in its error, or never: not through the actor.
+        self._actor_tasks.pop(task_id, None)
         err: dict[str, Any] = dict(_error_args(error))
+        status = L.STATUS_CANCELLED if err[L.ARG_ERROR_TYPE] in _CANCEL_ERRORS else L.STATUS_FAILED
         metrics = _metrics_from_error(error)
         # A task whose input is a failed task's result never runs: Ray hands it
         # the same error, which carries the upstream task's measurements, or
@@ -673,9 +799,10 @@ class RunnerTracer:
                 state.metrics_ref = None
                 state.metrics = None
                 self._finish_task(
-                    state, now, {L.ARG_STATUS: "failed upstream", "upstream_task_id": upstream,
-                                 **err},
+                    state, now, {L.ARG_STATUS: L.STATUS_FAILED_UPSTREAM,
+                                 L.ARG_UPSTREAM_TASK_ID: upstream, **err},
                 )
+            self._measured_failures.pop(task_id, None)
             return
         if len(self._failures_seen) < 10_000:
             self._failures_seen[text_key] = task_id
@@ -691,23 +818,39 @@ class RunnerTracer:
         at_kill = _memory_at_kill(error)
         if at_kill:
             memory[L.ARG_MEMORY_AT_KILL] = at_kill
+        attempts: dict[str, Any] = {}
+        if metrics is not None and metrics.get("attempt"):
+            attempts = self._attempt_args(task_id, metrics)
         if state is not None:
             state.metrics_ref = None
             state.metrics = None
-            self._finish_task(state, now, {L.ARG_STATUS: "failed", **err, **where, **memory})
+            self._finish_task(
+                state, now, {L.ARG_STATUS: status, **err, **where, **memory, **attempts}
+            )
+        self._measured_failures.pop(task_id, None)
         if metrics is not None:
             metrics.setdefault("error_type", err[L.ARG_ERROR_TYPE])
             metrics.setdefault("error", err[L.ARG_ERROR])
-            self._write_execution(metrics, state)
+            if self._new_failed_attempt(task_id, metrics):
+                self._write_execution(metrics, state)
             return
-        track = self._loop
-        if node_id or pid:
-            node = self._node(node_id or "unknown")
-            track = self._worker(node, pid).track if pid else node.track
+        track = self._located(node_id, pid) if node_id or pid else self._loop
+        name = L.INSTANT_TASK_CANCELLED if status == L.STATUS_CANCELLED else L.INSTANT_TASK_FAILED
         self.writer.instant(
-            track, L.INSTANT_TASK_FAILED, now, category=L.CAT_EXECUTION,
+            track, name, now, category=L.CAT_EXECUTION,
             args={L.ARG_TASK_ID: str(task_id), **err, **memory},
         )
+
+    def _new_failed_attempt(self, task_id: str, metrics: Metrics) -> bool:
+        """Whether this failed attempt is seen for the first time (it may come twice:
+        through the metrics actor and in the task's error)."""
+        key = (task_id, int(metrics.get("attempt") or 0))
+        if key in self._failed_attempts:
+            return False
+        if len(self._failed_attempts) >= _MAX_FAILED_ATTEMPTS:
+            self._failed_attempts.clear()
+        self._failed_attempts.add(key)
+        return True
 
     @_guarded
     def stage_done(self, stage_id: int) -> None:
@@ -724,6 +867,11 @@ class RunnerTracer:
 
     def _drain_metrics(self) -> None:
         """Fetch measurements of received tasks (return channel) and of the actor channel."""
+        self._drain_pending()
+        self._drain_actor()
+
+    def _drain_pending(self) -> None:
+        """Measurements of received tasks that their batch could not fetch (return channel)."""
         pending, self._pending_metrics = self._pending_metrics, []
         for state in pending:
             if state.metrics is not None:  # fetched by task_error()
@@ -734,7 +882,7 @@ class RunnerTracer:
 
             refs = [s.metrics_ref for s in pending]
             try:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_METRICS_TIMEOUT_S)
             except Exception:
                 ready = []
             ready_set = set(ready)
@@ -743,7 +891,7 @@ class RunnerTracer:
                     self._lost(state.task_id, "measurements did not arrive in time")
                     continue
                 try:
-                    metrics = ray.get(state.metrics_ref, timeout=10.0)
+                    metrics = ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S)
                 except Exception as exc:  # the task failed: its error carries them
                     metrics = _metrics_from_error(exc)
                     if metrics is None:
@@ -752,24 +900,75 @@ class RunnerTracer:
                     if str(metrics.get("task_id")) != state.task_id:
                         continue  # never ran: an upstream task failed (these are its measurements)
                 self._write_execution(metrics, state)
-        if self._metrics_actor is not None:
-            import ray
 
-            try:
-                items = ray.get(self._metrics_actor.drain.remote(), timeout=10.0)
-            except Exception as exc:
-                self._metrics_actor = None
-                self._lost("*", f"metrics actor unreachable ({type(exc).__name__})")
-                items = []
-            for metrics in items:
-                task = self._actor_tasks.pop(str(metrics.get("task_id")), None)
-                self._write_execution(metrics, task)
+    def _drain_actor(self) -> bool:
+        """Write what the metrics actor holds; False if there is no actor (any more)."""
+        actor = self._metrics_actor
+        if actor is None:
+            return False
+        import ray
+
+        try:
+            items = ray.get(actor.drain.remote(), timeout=_ACTOR_TIMEOUT_S)
+        except Exception as exc:
+            self._actor_gone(f"metrics actor unreachable ({type(exc).__name__})")
+            return False
+        for metrics in items:
+            if isinstance(metrics, dict):
+                self._from_actor(metrics)
+        return True
+
+    def _from_actor(self, metrics: Metrics) -> None:
+        task_id = str(metrics.get("task_id"))
+        if metrics.get("error_type"):
+            if not self._new_failed_attempt(task_id, metrics):
+                return  # already written from the task's error
+            state = self._actor_tasks.get(task_id)
+            if state is None or not state.released:
+                # A failed attempt of a task still in flight: Ray may retry it.
+                attempts = self._measured_failures.setdefault(task_id, set())
+                attempts.add(int(metrics.get("attempt") or 0))
+                self._write_execution(metrics, self._tasks.get(task_id))
+                return
+        self._write_execution(metrics, self._actor_tasks.pop(task_id, None))
+
+    def _actor_gone(self, reason: str) -> None:
+        """The metrics actor failed: never call it again; what it held is lost."""
+        self._metrics_actor = None
+        self._actor_lost = reason
+        logger.warning(
+            "tracer: %s for execution %s; measurements of tasks reporting through it are "
+            "lost (recorded in the trace); the run and the rest of its trace go on",
+            reason, self.execution_id,
+        )
+        self.writer.instant(
+            self._loop, L.INSTANT_METRICS_ACTOR_LOST, category=L.CAT_SCHEDULER,
+            args={L.ARG_REASON: reason},
+        )
+        for task_id, state in list(self._actor_tasks.items()):
+            if state.released:  # received: its measurements were in the actor, or on their way
+                del self._actor_tasks[task_id]
+                self._lost(task_id, reason)
+
+    def _await_actor_stragglers(self) -> None:
+        """At close: measurements of received tasks may still be on their way to the actor."""
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        while any(s.released for s in self._actor_tasks.values()):
+            if time.monotonic() >= deadline or not self._drain_actor():
+                break
+            time.sleep(0.02)
+        for task_id, state in list(self._actor_tasks.items()):
+            if state.released:
+                self._lost(
+                    task_id, self._actor_lost or "measurements did not arrive before the close"
+                )
+        self._actor_tasks.clear()
 
     def _lost(self, task_id: str, why: str) -> None:
         self._lost_measurements += 1
         self.writer.instant(
             self._loop, L.INSTANT_METRICS_LOST, category=L.CAT_SCHEDULER,
-            args={L.ARG_TASK_ID: task_id, "reason": why},
+            args={L.ARG_TASK_ID: task_id, L.ARG_REASON: why},
         )
 
     def _node(self, node_id: str) -> _Node:
@@ -794,6 +993,16 @@ class RunnerTracer:
             worker = node.workers[pid] = _Worker(track, pid)
         return worker
 
+    def _located(self, node_id: str | None, pid: int) -> Track:
+        """The track of the worker (or node) an error names; an error that names only
+        the worker's pid (a cancelled task's) is placed on the node that worker is known on."""
+        if node_id is None and pid:
+            known = [n for n in self._nodes.values() if pid in n.workers]
+            if len(known) == 1:
+                return known[0].workers[pid].track
+        node = self._node(node_id or "unknown")
+        return self._worker(node, pid).track if pid else node.track
+
     def _execution_track(self, worker: _Worker, start: int, end: int) -> Track:
         """The worker's track, or a lane under it when executions overlap (threaded actors)."""
         if start >= worker.last_end:
@@ -808,6 +1017,7 @@ class RunnerTracer:
         return lane
 
     def _write_execution(self, m: Metrics, state: _TaskState | None) -> None:
+        """One execution on its worker's track; the first of a task takes the stage's flow."""
         start = int(m.get("start_ns") or 0)
         end = int(m.get("end_ns") or start)
         if not start:
@@ -825,21 +1035,29 @@ class RunnerTracer:
             args[L.ARG_ASSIGNED_RESOURCES] = {
                 k: _num(v) for k, v in m["assigned_resources"].items()
             }
+        if m.get("attempt"):
+            args[L.ARG_RAY_ATTEMPT] = int(m["attempt"])
         args.update(self._memory_args(m, state, stage, node.track, worker.track, start, end))
-        if m.get("error_type"):
-            args[L.ARG_STATUS] = "failed"
-            args[L.ARG_ERROR_TYPE] = m["error_type"]
+        error_type = m.get("error_type")
+        cancelled = error_type in _CANCEL_ERRORS
+        if error_type:
+            args[L.ARG_STATUS] = L.STATUS_CANCELLED if cancelled else L.STATUS_FAILED
+            args[L.ARG_ERROR_TYPE] = error_type
             args[L.ARG_ERROR] = m.get("error", "")
-        flows = [state.flow] if state is not None else None
+        flows = None
+        if state is not None and state.flow:
+            flows = [state.flow]
+            state.flow = 0  # a retried task's later attempts: no second arrow
         name = stage.name if stage is not None else "task"
         self.writer.begin(
             track, name, start, category=L.CAT_EXECUTION, args=args, terminating_flows=flows
         )
         self.writer.end(track, end)
-        if m.get("error_type"):
+        if error_type:
             self.writer.instant(
-                track, L.INSTANT_TASK_FAILED, end, category=L.CAT_EXECUTION,
-                args={L.ARG_TASK_ID: task_id, L.ARG_ERROR_TYPE: m["error_type"]},
+                track, L.INSTANT_TASK_CANCELLED if cancelled else L.INSTANT_TASK_FAILED, end,
+                category=L.CAT_EXECUTION,
+                args={L.ARG_TASK_ID: task_id, L.ARG_ERROR_TYPE: error_type},
             )
 
     def _memory_args(
@@ -866,6 +1084,7 @@ class RunnerTracer:
         dispatched = [s.dispatch_ts for s in self._tasks.values() if s.dispatch_ts is not None]
         dispatched.extend(s.dispatch_ts for s in self._pending_metrics if s.dispatch_ts)
         dispatched.extend(s.dispatch_ts for s in self._received if s.dispatch_ts)
+        dispatched.extend(s.dispatch_ts for s, _ in self._cancelled if s.dispatch_ts)
         return min(dispatched, default=now)
 
     # ----------------------------------------------------------------- stages
@@ -889,18 +1108,31 @@ class RunnerTracer:
 
     # -------------------------------------------------------------- lifecycle
 
-    @_guarded
     def flush(self) -> None:
-        """Write everything buffered to the file; stop tracing if the file was removed."""
-        if not self._closed:
-            self._flush_checked()
+        """Write everything buffered to the file; stop tracing if the file was removed.
 
-    def _flush_checked(self) -> None:
-        self.writer.flush()
-        self._last_flush = time.monotonic()
-        # On Linux, writes to a removed file succeed and vanish: check it is still there.
-        if self.writer.file_removed():
-            raise TraceWriteError(f"trace file {self.trace_path} was removed while being written")
+        Safe from any thread: the events are taken under the tracer's lock,
+        the disk is written outside it, so the dispatch loop never waits for
+        the disk (in a Ray driver, any system call may also cost a GIL
+        hand-over).
+        """
+        if self._disabled or self._closed:
+            return
+        try:
+            with self._lock:
+                if self._disabled or self._closed:
+                    return
+                self.writer.detach()
+            self.writer.write_detached()
+            self._last_flush = time.monotonic()
+            # On Linux, writes to a removed file succeed and vanish: check it is there.
+            if self.writer.file_removed():
+                raise TraceWriteError(
+                    f"trace file {self.trace_path} was removed while being written"
+                )
+        except Exception as exc:
+            with self._lock:
+                self._disable(exc)
 
     def close(self, error: BaseException | None = None) -> None:
         """Finish the trace: fetch outstanding measurements, write stages, close the file."""
@@ -920,16 +1152,24 @@ class RunnerTracer:
     def _close(self, error: BaseException | None) -> None:
         self._complete_received()
         self._drain_metrics()
+        if self._cancelled:
+            self._poll_cancelled(_CLOSE_GRACE_S)
         now = self.writer.now()
         for state in list(self._tasks.values()):
-            self._finish_task(state, now, {L.ARG_STATUS: "unfinished"})
+            self._actor_tasks.pop(state.task_id, None)  # never received: not lost, unfinished
+            self._finish_task(state, now, {L.ARG_STATUS: L.STATUS_UNFINISHED})
         self._tasks.clear()
+        if self._actor_channel:
+            self._await_actor_stragglers()
+        for state in self._pending_metrics:  # left by a timeout: never arrived
+            self._lost(state.task_id, "measurements did not arrive before the close")
         self._pending_metrics.clear()
-        self._actor_tasks.clear()
+        self._cancelled.clear()
+        self._measured_failures.clear()
         for stage in self._stages.values():
             self._write_stage(stage)
         self._memory.settle(None)
-        args: dict[str, Any] = {"lost_measurements": self._lost_measurements}
+        args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self._lost_measurements}
         if error is not None:
             args.update(_error_args(error))
         self.writer.end(self._loop, args=args)
@@ -1039,6 +1279,9 @@ class NullRunnerTracer:
     def task_failed(self, task_id: str, error: BaseException) -> None:
         pass
 
+    def task_cancelled(self, task_id: str) -> None:
+        pass
+
     def stage_done(self, stage_id: int) -> None:
         pass
 
@@ -1118,6 +1361,29 @@ def _memory_at_kill(error: BaseException) -> int | None:
     if match is None:
         return None
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _get_each(refs: list[Any]) -> list[Any]:
+    """Each ref's value, its error, or None if not ready within the timeout (one wait in all)."""
+    import ray
+
+    try:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_METRICS_TIMEOUT_S)
+    except Exception:
+        ready = []
+    done = set(ready)
+    values: list[Any] = []
+    for ref in refs:
+        if ref not in done:
+            values.append(None)
+            continue
+        try:
+            values.append(ray.get(ref, timeout=_METRICS_TIMEOUT_S))  # ready: returns at once
+        except ray.exceptions.GetTimeoutError:
+            values.append(None)
+        except Exception as exc:
+            values.append(exc)
+    return values
 
 
 def _metrics_from_error(error: BaseException) -> Metrics | None:
