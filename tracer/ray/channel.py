@@ -5,19 +5,26 @@ themselves; traced remote functions return their measurements instead (see
 :mod:`tracer.ray.task_metrics` for why). One actor per execution, named after
 it, holds measurements until the driver drains them at the end of each wave.
 Every call has a timeout on the driver side; a dead actor loses measurements,
-never the run.
+never the run: the driver stops calling it after its first failure and
+records which tasks' measurements were lost with it. Tasks never wait on it:
+their calls are fire-and-forget, and a worker that cannot find the actor
+stops looking for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any
 
 import ray
 
 NAMESPACE = "tracer"
+#: Per worker process: each execution's actor handle, or None when it was not
+#: found (looked up once per execution: a name lookup is a GCS round trip).
 _ACTORS: dict[str, Any] = {}
+_MAX_ACTORS = 1024  # a long-lived worker serves many executions: forget old ones
 _LOCK = threading.Lock()
 
 
@@ -42,6 +49,10 @@ class MetricsActor:
     def ready(self) -> bool:
         return True
 
+    def pid(self) -> int:
+        """The actor's process id (for tests that make it fail)."""
+        return os.getpid()
+
 
 def create_metrics_actor(execution_id: str) -> Any:
     """Create (driver side) the execution's metrics actor and wait until it is up."""
@@ -55,12 +66,17 @@ def create_metrics_actor(execution_id: str) -> Any:
 def send_to_metrics_actor(execution_id: str, metrics: dict[str, Any]) -> None:
     """Fire-and-forget from a task; silently drops the measurement when no actor exists."""
     with _LOCK:
-        actor = _ACTORS.get(execution_id)
-        if actor is None:
+        if execution_id in _ACTORS:
+            actor = _ACTORS[execution_id]
+        else:
             try:
                 actor = ray.get_actor(actor_name(execution_id), namespace=NAMESPACE)
-            except ValueError:
-                return
+            except Exception:  # no such actor (never started, or dead): do not ask again
+                actor = None
+            if len(_ACTORS) >= _MAX_ACTORS:
+                _ACTORS.clear()
             _ACTORS[execution_id] = actor
+    if actor is None:
+        return
     with contextlib.suppress(Exception):
         actor.put.remote(metrics)

@@ -56,13 +56,29 @@ INSTANT_MATERIALIZED = "plan: result materialised"
 INSTANT_TASK_ADDED = "plan: task added to batch"
 INSTANT_DISPATCH_TASK = "dispatch task"
 INSTANT_DISPATCH_ACTOR_TASK = "dispatch actor task"
+#: A task's measurements will never arrive (args: task_id, reason).
 INSTANT_METRICS_LOST = "task measurements lost"
+#: The metrics actor stopped answering; the tracer stopped calling it (args: reason).
+INSTANT_METRICS_ACTOR_LOST = "metrics actor lost"
 
 # Task slices (category task): the outer slice is named after the stage.
 SLICE_DISPATCHED = "dispatched"
 
 # Instants on a worker or node (category execution).
 INSTANT_TASK_FAILED = "task failed"
+INSTANT_TASK_CANCELLED = "task cancelled"
+
+# Values of ARG_STATUS, on task slices (END) and execution slices. A task
+# received with its result has no status.
+STATUS_FAILED = "failed"
+#: Never ran: its input is a failed task's result (ARG_UPSTREAM_TASK_ID).
+STATUS_FAILED_UPSTREAM = "failed upstream"
+#: Cancelled (ray.cancel): on the task; on its execution if it was running.
+STATUS_CANCELLED = "cancelled"
+#: Still in flight when the trace was closed.
+STATUS_UNFINISHED = "unfinished"
+#: Created again under the same id (the runner retried it itself).
+STATUS_SUPERSEDED = "superseded"
 
 # Annotation names.
 # Counts in a wave's args (the END of its slice).
@@ -81,7 +97,22 @@ ARG_NODE_ID = "node_id"
 ARG_ERROR_TYPE = "error_type"
 ARG_ERROR = "error"
 ARG_STATUS = "status"
+ARG_UPSTREAM_TASK_ID = "upstream_task_id"
+#: On a task slice: the runner's attempt (it created the task id again), from 1.
 ARG_ATTEMPT = "attempt"
+#: On an execution slice: Ray's attempt number of that execution (Ray retried
+#: the task: max_retries after a crashed worker, retry_exceptions); written
+#: only when > 0.
+ARG_RAY_ATTEMPT = "ray_attempt"
+#: On a task slice (END) that Ray retried: how many attempts Ray made, as far
+#: as the driver knows (the last attempt's number + 1), and how many of those
+#: left no measurement (a crashed or killed worker, a lost node; an attempt
+#: that raised, unless the execution has a metrics actor to report it).
+ARG_RAY_ATTEMPTS = "ray_attempts"
+ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
+#: On the execution slice (END, at close): tasks whose measurements were lost.
+ARG_LOST_MEASUREMENTS = "lost_measurements"
+ARG_REASON = "reason"
 
 # Memory annotations (bytes). On execution slices:
 #: What the task asked Ray for (``memory=``); 0 means no request.

@@ -18,6 +18,17 @@ result to a *sink*:
 ``benchmarks/bench_channel.py`` measures both; the return channel is the
 default because it is an order of magnitude cheaper per task and cannot lose
 measurements to a dead actor.
+
+**Attempts.** Ray retries a task whose worker crashed (``max_retries``) or
+that raised with ``retry_exceptions``, transparently: the driver only ever
+sees the last attempt's return values. So every measurement carries Ray's
+attempt number (``attempt``, 0 for the first), which tells the driver how
+many earlier attempts it did not see. An attempt that raises can still
+report itself: when the execution has a metrics actor
+(``TaskContext.metrics_actor``), a traced task sends the measurements of an
+attempt that failed to it (the failure path only; a successful attempt never
+calls the actor). An attempt whose worker died (a crash, a killed worker, a
+lost node) measures nothing anyone can receive: only its number is known.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 import resource
 import time
@@ -54,6 +66,8 @@ class TaskContext:
     stage_id: int | None
     level: int
     memray_native_traces: bool = False
+    #: The execution has a metrics actor: failed attempts report themselves to it.
+    metrics_actor: bool = False
 
 
 def current_rss() -> int:
@@ -81,7 +95,7 @@ def _where() -> Metrics:
         fixed = _PROCESS_WHERE.get(os.getpid())
         if fixed is None:  # a worker's node and id never change: ask Ray once
             fixed = _PROCESS_WHERE[os.getpid()] = (ctx.get_node_id(), ctx.get_worker_id())
-        return {
+        where = {
             "node_id": fixed[0],
             "worker_id": fixed[1],
             "ray_task_id": ctx.get_task_id(),
@@ -89,21 +103,44 @@ def _where() -> Metrics:
         }
     except Exception:  # outside a worker, or Ray shutting down
         return {}
+    attempt = _attempt_number()
+    if attempt:
+        where["attempt"] = attempt
+    return where
 
 
 _PROCESS_WHERE: dict[int, tuple[str, str]] = {}  # by pid: safe across fork
 
 
+def _attempt_number() -> int:
+    """Ray's attempt number of the running task (0: the first attempt; ~1 µs).
+
+    Ray's public runtime context does not have it (Ray 2.60); its core
+    worker does. 0 when it cannot be known.
+    """
+    try:
+        from ray._private.worker import global_worker
+
+        return int(global_worker.core_worker.get_current_task_attempt_number())
+    except Exception:
+        return 0
+
+
 @contextlib.contextmanager
 def measure_task(
-    ctx: TaskContext, sink: Callable[[Metrics], None] | None = None
+    ctx: TaskContext,
+    sink: Callable[[Metrics], None] | None = None,
+    *,
+    failure_sink: Callable[[Metrics], None] | None = None,
 ) -> Iterator[Metrics]:
     """Measure the body as one task execution and give the result to ``sink``.
 
     The metrics dict is yielded so the body can add its own entries. On an
     exception the metrics are still completed, attached to the exception as
     ``__tracer_metrics__`` (it travels inside Ray's error to the driver) and
-    given to the sink; the exception propagates unchanged.
+    given to the sink, or to ``failure_sink`` when there is no sink (a failed
+    attempt Ray may retry, whose error the driver will never see); the
+    exception propagates unchanged.
     """
     metrics: Metrics = {"task_id": ctx.task_id, "stage_id": ctx.stage_id, "pid": os.getpid()}
     metrics.update(_where())
@@ -121,7 +158,7 @@ def measure_task(
         metrics["error"] = str(exc)[:500]
         with contextlib.suppress(Exception):
             exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
-        _deliver(sink, metrics)
+        _deliver(sink if sink is not None else failure_sink, metrics)
         raise
     finally:
         _CURRENT.reset(token)
@@ -195,8 +232,17 @@ def collect_ray_task_metrics(
 def run_traced(
     fn: Callable[..., Any], ctx: TaskContext, num_returns: int, args: Any, kwargs: Any
 ) -> Any:
-    """Run ``fn`` measured, returning its result(s) plus the metrics as a last value."""
-    with measure_task(ctx) as metrics:
+    """Run ``fn`` measured, returning its result(s) plus the metrics as a last value.
+
+    With a metrics actor, an attempt that raises also sends its measurements
+    there: if Ray retries it, that is the only way the driver learns of it.
+    """
+    failure_sink: Callable[[Metrics], None] | None = None
+    if ctx.metrics_actor:
+        from tracer.ray.channel import send_to_metrics_actor
+
+        failure_sink = functools.partial(send_to_metrics_actor, ctx.execution_id)
+    with measure_task(ctx, failure_sink=failure_sink) as metrics:
         result = fn(*args, **kwargs)
     if num_returns == 1:
         return result, metrics

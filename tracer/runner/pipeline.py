@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -38,6 +39,11 @@ class Stage:
 
     The resource request is passed to Ray as ``num_cpus``, ``num_gpus`` and
     ``memory`` (a logical reservation Ray schedules by but never enforces).
+    ``max_retries`` and ``retry_exceptions`` are Ray's: how often a task whose
+    worker died is retried, and whether (True, or a list of exception types)
+    a task that raised is retried too. A traced run with a stage that retries
+    exceptions starts the execution's metrics actor, so that attempts that
+    raised and were retried show in the trace (see :mod:`tracer.ray.task_metrics`).
     """
 
     name: str
@@ -46,6 +52,7 @@ class Stage:
     num_gpus: float | None = None
     memory_bytes: int | None = None
     max_retries: int | None = None
+    retry_exceptions: bool | list[type[BaseException]] = False
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -59,8 +66,23 @@ class Stage:
         return ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)
 
 
+    @property
+    def ray_options(self) -> dict[str, Any]:
+        """The options of this stage's Ray tasks."""
+        options = self.resource_request.ray_options()
+        if self.max_retries is not None:
+            options["max_retries"] = self.max_retries
+        if self.retry_exceptions:
+            options["retry_exceptions"] = self.retry_exceptions
+        return options
+
+
 class UnsatisfiableResourcesError(ValueError):
     """A stage asks for more than any node of the cluster has: it could never run."""
+
+
+class PipelineTimeoutError(TimeoutError):
+    """The run took longer than its ``timeout``: its tasks in flight were cancelled."""
 
 
 @dataclasses.dataclass
@@ -159,6 +181,7 @@ class Pipeline:
         wait_timeout: float = 0.1,
         fetch: bool = True,
         runner_name: str = "pipeline",
+        timeout: float | None = None,
     ) -> list[Any]:
         """Run on the current Ray cluster (``ray.init`` first); results in partition order.
 
@@ -166,16 +189,24 @@ class Pipeline:
         ``fetch=False`` the results are ObjectRefs. ``progress`` shows a bar
         per stage (default: only when stderr is a terminal). An exception in a
         stage function reaches the caller as that exception, with a note
-        naming the stage and partition.
+        naming the stage and partition. With ``timeout`` (seconds), a run still
+        going after that long cancels its tasks in flight (``ray.cancel``; the
+        trace shows them cancelled) and raises :class:`PipelineTimeoutError`.
         """
         if not ray.is_initialized():
             raise RuntimeError("Ray is not initialised: call ray.init() before Pipeline.run()")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         execution_id = execution_id or new_execution_id()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with ray_tracer(
-            execution_id, runner_name=runner_name, level=tracing_level, path=trace_path
+            execution_id, runner_name=runner_name, level=tracing_level, path=trace_path,
+            metrics_actor=any(s.retry_exceptions for s in self.stages),
         ) as tracer:
             self.trace_path = tracer.trace_path
-            refs = _DispatchLoop(self, tracer, progress, max_inflight, wait_timeout).run()
+            refs = _DispatchLoop(
+                self, tracer, progress, max_inflight, wait_timeout, deadline
+            ).run()
         if not fetch:
             return refs
         return _fetch(refs)
@@ -204,8 +235,10 @@ class _DispatchLoop:
         progress: bool | None,
         max_inflight: int | None,
         wait_timeout: float,
+        deadline: float | None = None,
     ) -> None:
         self.stages = list(pipeline.stages)
+        self.deadline = deadline
         self.plan = _Plan(pipeline.partitions, self.stages)
         self.tracer = tracer
         self.wait_timeout = wait_timeout
@@ -224,11 +257,7 @@ class _DispatchLoop:
         show = progress if progress is not None else sys.stderr.isatty()
         self.progress = Progress([s.name for s in self.stages], known, enabled=show)
         self.functions = [
-            RayFunctionWrapper.wrap(_run_stage_remote).options(
-                name=s.name,
-                **s.resource_request.ray_options(),
-                **({"max_retries": s.max_retries} if s.max_retries is not None else {}),
-            )
+            RayFunctionWrapper.wrap(_run_stage_remote).options(name=s.name, **s.ray_options)
             for s in self.stages
         ]
         self.results: dict[int, Any] = {}
@@ -261,6 +290,8 @@ class _DispatchLoop:
             for wave in itertools.count():
                 if self.plan.source_done and not self.inflight and self.plan.peek() is None:
                     break
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self._cancel_inflight()
                 with tracer.dispatch_wave(wave) as wave_metrics:
                     batch = self._batch()
                     self._dispatch(batch)
@@ -272,6 +303,20 @@ class _DispatchLoop:
             _raise_task_error(self.failures[0])
         n = self.plan.partitions_seen
         return [self.results[i] for i in range(n)]
+
+    def _cancel_inflight(self) -> NoReturn:
+        """Past the deadline: cancel every task in flight, then give up."""
+        tracer = self.tracer
+        cancelled = len(self.inflight)
+        for ref, task in self.inflight.items():
+            ray.cancel(ref)  # asynchronous; a running task stops at its next bytecode
+            tracer.task_cancelled(task.task_id)
+        self.inflight.clear()
+        tracer.count_inflight_tasks(0)
+        raise PipelineTimeoutError(
+            f"the pipeline did not finish within its timeout; {cancelled} task(s) in flight "
+            f"were cancelled, {sum(self.received)} had finished"
+        )
 
     def _batch(self) -> list[_Task]:
         tracer = self.tracer
