@@ -9,10 +9,10 @@ It starts one local Ray (``--num-cpus``, default 2) and runs, at tracing
 levels 1 and 2, the levels alternated in every repetition after a warm-up:
 
 * the **mock workload** of ``examples/big_task_heap_usage.py`` (its defaults:
-  8 partitions of 20,000 rows of 64 bytes, inflate x16 then deflate /8, each
-  stage requesting 2x its input; tasks of ~10 ms), ``--repeats`` times (5);
-* the same with ``--big-rows`` (100,000) rows per partition (tasks of
-  ~50-100 ms), ``--big-repeats`` times (3; 0 skips it);
+  8 partitions of 200,000 rows of 64 bytes, inflate x16 then deflate /8, each
+  stage requesting 2x its input), ``--repeats`` times (5);
+* the same with ``--big-rows`` (400,000) rows per partition,
+  ``--big-repeats`` times (3; 0 skips it);
 * ``--trivial-tasks`` (2000) trivial tasks (one no-op stage),
   ``--trivial-repeats`` times (1; level 2 pays memray's start and stop,
   ~20 ms, on every task, so this takes a while).
@@ -166,8 +166,8 @@ def main() -> int:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="mock workload runs per level")
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--big-rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--big-rows", type=int, default=400_000)
     parser.add_argument("--big-repeats", type=int, default=3)
     parser.add_argument("--trivial-tasks", type=int, default=2000)
     parser.add_argument("--trivial-repeats", type=int, default=1)
@@ -207,7 +207,7 @@ def main() -> int:
                         args.big_repeats, folder)
             results.append(("mock-big", mock_tasks, statistics.median(big[1]),
                             statistics.median(big[2])))
-        if args.trivial_tasks:
+        if args.trivial_tasks and args.trivial_repeats:
             print(f"trivial: {args.trivial_tasks} no-op tasks")
             trivial = bench("trivial", trivial_workload(args.trivial_tasks),
                             args.trivial_repeats, folder)

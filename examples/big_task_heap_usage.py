@@ -5,9 +5,10 @@
         [--tracing-level 0|1|2] [--trace-out PATH]
 
 Partitions are made on the workers by a generator of factories: each is R
-rows of 64 random-looking bytes. The stage "inflate" (a UDF) repeats every
-row F times, so its output is F times bigger than its input; "deflate" keeps
-the first 1/D of every row. Each stage asks Ray for Q times the size of its
+rows of 64 random-looking bytes, one numpy uint8 array (numpy comes with
+Ray). The stage "inflate" (a UDF) repeats every row F times, so its output
+is F times bigger than its input; "deflate" keeps the first 1/D of every
+row. Each stage asks Ray for Q times the size of its
 input (``memory=``, a common rule of thumb), which is far too little for
 "inflate". At tracing level 1 (the default) every task's execution slice shows
 its worker's RSS peak next to its requested memory; at level 2 memray measures
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import ray
 
 from tracer.ray.memory_report import memory_report
@@ -40,26 +42,27 @@ ROW_BYTES = 64
 MIB = 1 << 20
 
 
-def make_partition(index: int, num_rows: int) -> list[bytes]:
-    """``num_rows`` rows of ROW_BYTES bytes, different for every partition."""
+def make_partition(index: int, num_rows: int) -> np.ndarray:
+    """``num_rows`` rows of ROW_BYTES bytes (one uint8 array), different for every partition."""
     rng = random.Random(index)
-    return [rng.randbytes(ROW_BYTES) for _ in range(num_rows)]
+    data = rng.randbytes(num_rows * ROW_BYTES)
+    return np.frombuffer(data, dtype=np.uint8).reshape(num_rows, ROW_BYTES).copy()
 
 
-def partitions(num_partitions: int, num_rows: int) -> Iterator[Callable[[], list[bytes]]]:
+def partitions(num_partitions: int, num_rows: int) -> Iterator[Callable[[], np.ndarray]]:
     """Zero-argument factories: each partition is built inside its first task."""
     for index in range(num_partitions):
         yield lambda index=index: make_partition(index, num_rows)
 
 
-def inflate(rows: list[bytes], factor: int) -> list[bytes]:
-    """Every row repeated ``factor`` times: the partition grows ``factor``-fold."""
-    return [row * factor for row in rows]
+def inflate(rows: np.ndarray, factor: int) -> np.ndarray:
+    """Every row's bytes repeated ``factor`` times: the partition grows ``factor``-fold."""
+    return np.tile(rows, (1, factor))
 
 
-def deflate(rows: list[bytes], factor: int) -> list[bytes]:
-    """Every row cut to 1/``factor`` of its length."""
-    return [row[: max(1, len(row) // factor)] for row in rows]
+def deflate(rows: np.ndarray, factor: int) -> np.ndarray:
+    """Every row cut to 1/``factor`` of its length (a copy: the cut is its own data)."""
+    return rows[:, : max(1, rows.shape[1] // factor)].copy()
 
 
 def object_store_bytes(num_partitions: int, num_rows: int, inflation: int, deflation: int) -> int:
@@ -95,7 +98,7 @@ def _positive(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-partitions", type=_positive, default=8)
-    parser.add_argument("--num-rows-per-partition", type=_positive, default=20_000)
+    parser.add_argument("--num-rows-per-partition", type=_positive, default=200_000)
     parser.add_argument("--inflation-factor", type=_positive, default=16)
     parser.add_argument("--deflation-factor", type=_positive, default=8)
     parser.add_argument(
@@ -133,7 +136,7 @@ def main() -> None:
     elapsed = time.monotonic() - start
 
     size_in = n * rows * ROW_BYTES
-    size_out = sum(len(row) for part in results for row in part)
+    size_out = sum(part.nbytes for part in results)
     print(
         f"{n} partitions of {rows} rows: {size_in / MIB:.1f} MiB in, "
         f"{size_in * inflation / MIB:.1f} MiB after inflate (x{inflation}), "
