@@ -11,7 +11,7 @@ from typing import Any
 
 import cli_workloads
 import pytest
-from cli_trace_bytes import uncompressed
+from trace_bytes import uncompressed
 
 from tracer.query import TraceQuery, find_trace_processor, records
 from tracer.query.errors import TraceProcessorNotFoundError
