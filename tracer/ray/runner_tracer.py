@@ -259,6 +259,8 @@ class RunnerTracer:
         # Received in batches, completed (measurements fetched, slices ended) in
         # bigger batches: one ray.get per _FETCH_BATCH tasks or _FETCH_INTERVAL_NS.
         self._received: list[_TaskState] = []
+        # Failures found when completing received tasks, until a call returns them.
+        self._unreported: dict[str, BaseException] = {}
         self._failures_seen: dict[int, str] = {}  # hash of an error's text -> its task
         self._last_fetch = 0
         # Tasks whose measurements may come through the metrics actor, by id (for their flow).
@@ -268,8 +270,11 @@ class RunnerTracer:
         # for failed attempts, and per task in flight how many were written.
         self._failed_attempts: set[tuple[str, int]] = set()
         self._measured_failures: dict[str, set[int]] = {}
-        # Cancelled tasks whose measurements may still come back: (state, metrics ref).
+        # Cancelled tasks whose measurements may still come back: (state, metrics ref);
+        # and the marks of those that were running, held while the actor may still
+        # bring their measurements (then their execution says it all).
         self._cancelled: list[tuple[_TaskState, Any]] = []
+        self._cancelled_running: dict[str, tuple[Track, int, dict[str, Any]]] = {}
         self._memory = MemoryTrace(writer, level)
 
         totals = cluster_resources or {}
@@ -621,8 +626,26 @@ class RunnerTracer:
                 self._release(state, now)  # its slices end at `now`, written later
                 received.append(state)
         if len(received) >= _FETCH_BATCH or now - self._last_fetch >= _FETCH_INTERVAL_NS:
-            return self._complete_received()
-        return _NO_ERRORS
+            self._complete_received()
+        return self._take_failures()
+
+    @_guarded
+    def complete_received(self) -> dict[str, BaseException]:
+        """Complete every task received so far now; returns the failures found.
+
+        For the end of a dispatch loop: :meth:`tasks_received_as_ready`
+        completes received tasks in batches, so the last failures would
+        otherwise be found only at :meth:`close`, after the runner finished.
+        """
+        self._complete_received()
+        return self._take_failures()
+
+    def _take_failures(self) -> dict[str, BaseException]:
+        """The failures found since the last call (also those found at a wave's end)."""
+        if not self._unreported:
+            return _NO_ERRORS
+        failures, self._unreported = self._unreported, {}
+        return failures
 
     def _release(self, state: _TaskState, now: int) -> None:
         """The task no longer holds its lane nor its share of the cluster's resources."""
@@ -636,12 +659,14 @@ class RunnerTracer:
             self._used_gpus -= req.num_gpus or 0
             self._used_mem -= req.memory_bytes or 0
 
-    def _complete_received(self) -> dict[str, BaseException]:
-        """Fetch the measurements of received tasks, end their slices, write their executions."""
+    def _complete_received(self) -> None:
+        """Fetch the measurements of received tasks, end their slices, write their executions.
+
+        Failures found are kept for :meth:`_take_failures`."""
         states, self._received = self._received, []
         self._last_fetch = self.writer.now()
         if not states:
-            return _NO_ERRORS
+            return
         fetch = [s for s in states if s.metrics_ref is not None and s.metrics is None]
         errors = self._fetch_metrics(fetch) if fetch else {}
         if self._metrics_actor is not None and (
@@ -655,7 +680,7 @@ class RunnerTracer:
                 self._finish_task(state, state.received_ts, None)
             else:
                 self._record_failure(state.task_id, error, state.received_ts, state)
-        return errors
+        self._unreported.update(errors)
 
     def _fetch_metrics(self, states: list[_TaskState]) -> dict[str, BaseException]:
         """One round trip for many measurements; sets ``state.metrics``, returns the errors."""
@@ -765,11 +790,14 @@ class RunnerTracer:
                 if metrics is None:
                     node_id, pid = _where_from_error(exc)
                     if pid:  # it was running: mark the worker where it stopped
-                        self.writer.instant(
-                            self._located(node_id, pid), L.INSTANT_TASK_CANCELLED,
-                            category=L.CAT_EXECUTION,
-                            args={L.ARG_TASK_ID: state.task_id, **_error_args(exc)},
+                        mark = (
+                            self._located(node_id, pid), self.writer.now(),
+                            {L.ARG_TASK_ID: state.task_id, **_error_args(exc)},
                         )
+                        if self._metrics_actor is not None:
+                            self._cancelled_running[state.task_id] = mark
+                        else:
+                            self._mark_cancelled(*mark)
                     continue
                 if str(metrics.get("task_id")) != state.task_id:
                     continue  # never ran: these are an upstream task's
@@ -918,8 +946,13 @@ class RunnerTracer:
                 self._from_actor(metrics)
         return True
 
+    def _mark_cancelled(self, track: Track, ts: int, args: dict[str, Any]) -> None:
+        self.writer.instant(track, L.INSTANT_TASK_CANCELLED, ts, category=L.CAT_EXECUTION,
+                            args=args)
+
     def _from_actor(self, metrics: Metrics) -> None:
         task_id = str(metrics.get("task_id"))
+        self._cancelled_running.pop(task_id, None)
         if metrics.get("error_type"):
             if not self._new_failed_attempt(task_id, metrics):
                 return  # already written from the task's error
@@ -949,11 +982,14 @@ class RunnerTracer:
             if state.released:  # received: its measurements were in the actor, or on their way
                 del self._actor_tasks[task_id]
                 self._lost(task_id, reason)
+        for mark in self._cancelled_running.values():
+            self._mark_cancelled(*mark)
+        self._cancelled_running.clear()
 
     def _await_actor_stragglers(self) -> None:
         """At close: measurements of received tasks may still be on their way to the actor."""
         deadline = time.monotonic() + _CLOSE_GRACE_S
-        while any(s.released for s in self._actor_tasks.values()):
+        while self._cancelled_running or any(s.released for s in self._actor_tasks.values()):
             if time.monotonic() >= deadline or not self._drain_actor():
                 break
             time.sleep(0.02)
@@ -963,6 +999,9 @@ class RunnerTracer:
                     task_id, self._actor_lost or "measurements did not arrive before the close"
                 )
         self._actor_tasks.clear()
+        for mark in self._cancelled_running.values():  # the actor did not bring these
+            self._mark_cancelled(*mark)
+        self._cancelled_running.clear()
 
     def _lost(self, task_id: str, why: str) -> None:
         self._lost_measurements += 1
@@ -1166,6 +1205,7 @@ class RunnerTracer:
         self._pending_metrics.clear()
         self._cancelled.clear()
         self._measured_failures.clear()
+        self._unreported.clear()
         for stage in self._stages.values():
             self._write_stage(stage)
         self._memory.settle(None)
@@ -1274,6 +1314,9 @@ class NullRunnerTracer:
         pass
 
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
+        return _NO_ERRORS
+
+    def complete_received(self) -> dict[str, BaseException]:
         return _NO_ERRORS
 
     def task_failed(self, task_id: str, error: BaseException) -> None:

@@ -297,6 +297,10 @@ class _DispatchLoop:
                     self._dispatch(batch)
                     done = self._await()
                     wave_metrics(dispatched=len(batch), received=done, inflight=len(self.inflight))
+            # The last tasks' failures, so that the run raises while still traced.
+            errors = tracer.complete_received()
+            if errors:
+                self.failures.extend(errors.values())
         finally:
             self.progress.close()
         if self.failures:
