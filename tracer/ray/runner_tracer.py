@@ -816,12 +816,17 @@ class RunnerTracer:
         metrics = _metrics_from_error(error)
         # A task whose input is a failed task's result never runs: Ray hands it
         # the same error, which carries the upstream task's measurements, or
-        # (an OOM kill, a crash) the very same message. Record it as failed
-        # upstream, with no execution and no mark on a worker.
-        text_key = hash(str(error))
-        upstream = self._failures_seen.get(text_key)
-        if metrics is not None and str(metrics.get("task_id")) != str(task_id):
-            upstream = str(metrics.get("task_id"))
+        # (an OOM kill, a crash, a lost node) wraps the upstream task's error
+        # (RayTaskError) around the very same message. Record it as failed
+        # upstream, with no execution and no mark on a worker. A task's own
+        # system error is not wrapped: two tasks lost with the same node get
+        # the same message, and neither is the other's upstream.
+        cause = _root_cause(error)
+        text_key = hash(str(cause))
+        upstream = self._failures_seen.get(text_key) if cause is not error else None
+        if metrics is not None:
+            measured = str(metrics.get("task_id"))
+            upstream = measured if measured != str(task_id) else None
         if upstream is not None and upstream != task_id:
             if state is not None:
                 state.metrics_ref = None
