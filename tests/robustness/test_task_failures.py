@@ -149,12 +149,15 @@ def test_crash_without_retry_is_a_failure_on_the_worker(tmp_path: Path) -> None:
     assert execution_slice(model).args[L.ARG_ERROR_TYPE] == "WorkerCrashedError"
 
 
-def test_retried_exception_shows_every_attempt(tmp_path: Path, markers: str) -> None:
+@pytest.mark.parametrize("retry", [True, [ValueError]], ids=["all", "listed"])
+def test_retried_exception_shows_every_attempt(
+    tmp_path: Path, markers: str, retry: bool | list[type[BaseException]]
+) -> None:
     """retry_exceptions: the attempt that raised is an execution of its own (reported
     through the metrics actor); the one that succeeded follows it."""
     path = tmp_path / "retry-exceptions.perfetto-trace"
     flaky = functools.partial(_raise_once_on_1, markers)
-    stage = Stage("flaky", flaky, max_retries=2, retry_exceptions=True)
+    stage = Stage("flaky", flaky, max_retries=2, retry_exceptions=retry)
     results = Pipeline(list(range(N)), [stage, Stage("inc", abs)]).run(
         tracing_level=1, trace_path=path, progress=False
     )

@@ -52,9 +52,11 @@ class Stage:
     num_gpus: float | None = None
     memory_bytes: int | None = None
     max_retries: int | None = None
-    retry_exceptions: bool | list[type[BaseException]] = False
+    retry_exceptions: bool | Sequence[type[BaseException]] = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.retry_exceptions, bool):  # a tuple: the stage stays hashable
+            object.__setattr__(self, "retry_exceptions", tuple(self.retry_exceptions))
         if not callable(self.fn):
             raise TypeError(f"stage {self.name!r}: fn must be callable, got {self.fn!r}")
         if not self.name:
@@ -73,7 +75,8 @@ class Stage:
         if self.max_retries is not None:
             options["max_retries"] = self.max_retries
         if self.retry_exceptions:
-            options["retry_exceptions"] = self.retry_exceptions
+            retry = self.retry_exceptions
+            options["retry_exceptions"] = retry if isinstance(retry, bool) else list(retry)
         return options
 
 
