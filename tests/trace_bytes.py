@@ -28,6 +28,17 @@ def _records(data: bytes) -> list[bytes]:
     return out
 
 
+def record_starts(data: bytes) -> list[int]:
+    """The offset of every ``Trace.packet`` record of ``data``."""
+    starts: list[int] = []
+    pos = 0
+    while pos < len(data):
+        starts.append(pos)
+        length, start = _varint(data, pos + 1)
+        pos = start + length
+    return starts
+
+
 def _record(packet: bytes) -> bytes:
     length, out = len(packet), bytearray(b"\x0a")
     while True:
