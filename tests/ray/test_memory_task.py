@@ -148,3 +148,19 @@ def test_stale_captures_of_dead_processes_are_removed(monkeypatch: pytest.Monkey
         for path in (stale, mine):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_all_allocations_counts_every_allocation_of_the_task() -> None:
+    ctx = TaskContext("exec", "t", 0, 2, False, False, True)  # memray_all_allocations
+    with measure_task(ctx) as m:
+        kept = [bytes(1000) for _ in range(5000)]  # ~5 MB in 5000 allocations
+        for _ in range(10):
+            bytearray(MIB)  # 10 MiB more, allocated and freed: counted, not in the peak
+    assert kept
+    assert m["allocation_count"] >= 5000 + 10
+    assert m["total_allocated"] >= 5000 * 1000 + 10 * MIB
+    assert m["heap_peak"] < m["total_allocated"]
+    # The default aggregated capture cannot count them: no such figures.
+    with measure_task(_ctx()) as m2:
+        bytes(1000)
+    assert "total_allocated" not in m2 and "allocation_count" not in m2

@@ -128,6 +128,9 @@ ARG_OVER_REQUEST = "over_request"
 ARG_HEAP_PEAK = "heap_peak"  # level 2: memray's heap high-water mark
 ARG_ALLOCATIONS = "allocations"  # level 2: allocations live at that peak
 ARG_HEAP_RETAINED = "heap_retained"  # level 2: bytes still allocated at the task's end
+# level 2 with memray_all_allocations=True: every allocation of the task, summed.
+ARG_TOTAL_ALLOCATED = "total_allocated"
+ARG_ALLOCATION_COUNT = "allocation_count"
 ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_peak)
 #: Level 2, only when memray did not measure the task alone: "unavailable"
 #: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of

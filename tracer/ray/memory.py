@@ -26,10 +26,12 @@ metrics dict gets:
 ``rss_peak``
     the largest RSS among the snapshots (merged with level 1's estimate).
 
-The total number of allocations and total bytes allocated over the task's
-life are *not* available: memray's public API only computes them from
-``FileFormat.ALL_ALLOCATIONS`` captures, which record every allocation and
-cost far more than this level allows.
+``total_allocated``, ``allocation_count``
+    every allocation of the task, summed: only with
+    ``ray_tracer(..., memray_all_allocations=True)``, which records every
+    allocation (memray's ``FileFormat.ALL_ALLOCATIONS``: bigger capture files,
+    and reading them costs in proportion to the allocations). memray's
+    aggregated captures, the default, cannot count them.
 
 **One tracker per process.** memray allows a single active tracker per
 process, and it sees the allocations of every thread. A task that starts
@@ -133,7 +135,7 @@ def _unavailable(metrics: dict[str, Any], reason: str) -> None:
     metrics["memray_reason"] = reason[:200]
 
 
-def _start(metrics: dict[str, Any], native_traces: bool) -> _Session | None:
+def _start(metrics: dict[str, Any], native_traces: bool, all_allocations: bool) -> _Session | None:
     if not _tracker_lock.acquire(blocking=False):
         _unavailable(metrics, "another task of this worker process holds the memray tracker")
         return None
@@ -148,7 +150,11 @@ def _start(metrics: dict[str, Any], native_traces: bool) -> _Session | None:
             destination=memray.FileDestination(path, overwrite=True, compress_on_exit=False),
             native_traces=native_traces,
             memory_interval_ms=SNAPSHOT_INTERVAL_MS,
-            file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS,
+            file_format=(
+                memray.FileFormat.ALL_ALLOCATIONS
+                if all_allocations
+                else memray.FileFormat.AGGREGATED_ALLOCATIONS
+            ),
         )
         tracker.__enter__()
     except Exception as exc:  # e.g. a tracker started by someone else, or no memray
@@ -169,7 +175,10 @@ def _stop(session: _Session, metrics: dict[str, Any], overlapped: bool) -> None:
         if overlapped:
             metrics["memray"] = MEMRAY_SHARED
     except Exception as exc:
-        for key in ("heap_peak", "allocations", "heap_retained", "memory_samples"):
+        for key in (
+            "heap_peak", "allocations", "heap_retained", "memory_samples",
+            "total_allocated", "allocation_count",
+        ):
             metrics.pop(key, None)
         _unavailable(metrics, f"{type(exc).__name__}: {exc}")
     finally:
@@ -190,6 +199,14 @@ def _read(path: str, metrics: dict[str, Any]) -> None:
         snapshots = [
             (int(s.time), int(s.heap), int(s.rss)) for s in reader.get_memory_snapshots()
         ]
+        if reader.metadata.file_format == memray.FileFormat.ALL_ALLOCATIONS:
+            total = count = 0
+            for record in reader.get_allocation_records():
+                if record.size:  # deallocations carry no size
+                    total += record.size
+                    count += 1
+            metrics["total_allocated"] = total
+            metrics["allocation_count"] = count
     finally:
         reader.close()
     metrics["heap_peak"] = peak
@@ -222,8 +239,14 @@ def downsample(samples: Sequence[Sample], limit: int = MAX_SAMPLES) -> list[Samp
 
 
 @contextlib.contextmanager
-def track_task_memory(metrics: dict[str, Any], *, native_traces: bool = False) -> Iterator[None]:
+def track_task_memory(
+    metrics: dict[str, Any], *, native_traces: bool = False, all_allocations: bool = False
+) -> Iterator[None]:
     """Run the body under memray and add its figures to ``metrics`` (see the module doc).
+
+    ``all_allocations`` records every allocation (memray's ``ALL_ALLOCATIONS``
+    format) so the totals (``total_allocated``, ``allocation_count``) can be
+    counted; it costs more than the default aggregated capture.
 
     Sets ``start_ns``/``end_ns`` inside the tracker's start and stop when the
     tracker runs, so the task's times leave memray's overhead out.
@@ -234,7 +257,7 @@ def track_task_memory(metrics: dict[str, Any], *, native_traces: bool = False) -
         _started += 1
         started = _started
         overlapped = _running > 1
-    session = _start(metrics, native_traces)
+    session = _start(metrics, native_traces, all_allocations)
     if session is not None:
         metrics["start_ns"] = time.time_ns()
     try:

@@ -117,6 +117,8 @@ class MemoryTrace:
             for key, name in (
                 ("allocations", L.ARG_ALLOCATIONS),
                 ("heap_retained", L.ARG_HEAP_RETAINED),
+                ("total_allocated", L.ARG_TOTAL_ALLOCATED),
+                ("allocation_count", L.ARG_ALLOCATION_COUNT),
                 ("rss_peak", L.ARG_RSS_PEAK),
             ):
                 value = _int_or_none(m.get(key))

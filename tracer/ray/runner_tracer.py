@@ -219,6 +219,7 @@ class RunnerTracer:
         cluster_resources: dict[str, float] | None = None,
         metrics_actor: Any = None,
         memray_native_traces: bool = False,
+        memray_all_allocations: bool = False,
     ) -> None:
         self.writer = writer
         self.execution_id = execution_id
@@ -226,6 +227,7 @@ class RunnerTracer:
         self.level = level
         self.trace_path: Path = writer.path
         self.memray_native_traces = memray_native_traces
+        self.memray_all_allocations = memray_all_allocations
         self._lock = threading.RLock()
         self._disabled = False
         self._closed = False
@@ -550,6 +552,7 @@ class RunnerTracer:
         return TaskContext(
             self.execution_id, state.task_id, state.stage_id, int(self.level),
             self.memray_native_traces, self._metrics_actor is not None,
+            self.memray_all_allocations,
         )
 
     @_guarded

@@ -33,6 +33,7 @@ def ray_tracer(
     compress: bool = True,
     metrics_actor: bool = False,
     memray_native_traces: bool = False,
+    memray_all_allocations: bool = False,
 ) -> Iterator[AnyRunnerTracer]:
     """Trace one execution of a dispatch loop.
 
@@ -42,7 +43,11 @@ def ray_tracer(
     (``<session>/logs/tracer/<runner>.<execution id>.<timestamp>.perfetto-trace``);
     its path is logged when the execution ends and is ``tracer.trace_path``.
     ``metrics_actor=True`` also starts the actor channel, for tasks that call
-    :func:`collect_ray_task_metrics` themselves. Ray must be initialised.
+    :func:`collect_ray_task_metrics` themselves. At level 2,
+    ``memray_native_traces`` records native stacks and
+    ``memray_all_allocations`` records every allocation so executions also
+    carry ``total_allocated`` and ``allocation_count`` (both cost more).
+    Ray must be initialised.
     """
     lvl = resolve_level(level)
     if lvl == TracingLevel.OFF:
@@ -71,6 +76,7 @@ def ray_tracer(
             cluster_resources=totals,
             metrics_actor=actor,
             memray_native_traces=memray_native_traces,
+            memray_all_allocations=memray_all_allocations,
         )
     except Exception as exc:
         # Tracing never breaks the job: run untraced, and say so once.

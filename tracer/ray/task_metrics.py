@@ -68,6 +68,8 @@ class TaskContext:
     memray_native_traces: bool = False
     #: The execution has a metrics actor: failed attempts report themselves to it.
     metrics_actor: bool = False
+    #: Level 2 records every allocation (memray's ALL_ALLOCATIONS), for totals.
+    memray_all_allocations: bool = False
 
 
 def current_rss() -> int:
@@ -192,7 +194,11 @@ def _memory_tracker(ctx: TaskContext, metrics: Metrics) -> contextlib.AbstractCo
     if ctx.level >= TracingLevel.MEMORY:
         from tracer.ray.memory import track_task_memory
 
-        return track_task_memory(metrics, native_traces=ctx.memray_native_traces)
+        return track_task_memory(
+            metrics,
+            native_traces=ctx.memray_native_traces,
+            all_allocations=ctx.memray_all_allocations,
+        )
     return contextlib.nullcontext()
 
 
