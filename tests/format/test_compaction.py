@@ -84,3 +84,28 @@ def test_padding_after_a_bundle_reads_as_nothing(tmp_path: Path) -> None:
             (s.name, s.ts, s.dur) for s in whole.slices
         ]
         assert not [p for p in model.problems if "unknown" not in str(p)]
+
+
+def test_cached_encodings_keep_values_apart(tmp_path: Path) -> None:
+    """Encoded args and events are reused for equal values: equal is not enough
+    (True == 1, 0.0 == -0.0), the reader must get back exactly what was written."""
+    import math
+
+    path = tmp_path / "cache.perfetto-trace"
+    values = [1, True, 1.0, 0.0, -0.0, 0, False, "1", 0.0, -0.0, True, 1]
+    with TraceWriter(path, clock=lambda: 10**9) as w:
+        t = w.thread_track(1, 1, "loop")
+        ts = 10**9
+        for _ in range(2):  # the second round is served from the caches
+            for v in values:
+                ts += 10
+                w.begin(t, "s", ts, args={"v": v, "d": {"v": v}})
+                ts += 10
+                w.end(t, ts, args={"e": v})
+    slices = read_trace(path).slices
+    assert len(slices) == 2 * len(values)
+    for s, v in zip(slices, values * 2, strict=True):
+        for got in (s.args["v"], s.args["d"]["v"], s.args["e"]):
+            assert type(got) is type(v) and got == v
+            if isinstance(v, float):
+                assert math.copysign(1, got) == math.copysign(1, v)

@@ -315,6 +315,8 @@ class TraceWriter:
         self._seen_once: set[str] = set()
         # Encoded annotations by (name, value) for repeated scalar values.
         self._arg_cache: dict[tuple[Any, ...], bytes] = {}
+        # Whole event bodies by (kind, track, name, category, scalar args).
+        self._event_cache: dict[tuple[Any, ...], bytes] = {}
 
         self.start_ts = clock()
         self._last = self.start_ts
@@ -811,6 +813,18 @@ class TraceWriter:
         terminating_flows: Iterable[int] | None,
     ) -> None:
         """The slow path: validates, interns, encodes args and flows, fills the caches."""
+        # Events with the same small scalar args as before (e.g. a loop's
+        # "awaiting" with num_returns=1, timeout=0.1) reuse their encoded body.
+        event_key = None
+        if args and not flows and not terminating_flows and args.__class__ is dict:
+            event_key = _event_cache_key(kind, track, name, category, args)
+            if event_key is not None:
+                cached = self._event_cache.get(event_key)
+                if cached is not None:
+                    self._emit(self._clock() if ts is None else ts, cached)
+                    if len(self._buf) >= self._limit:
+                        self._flush_buffer()
+                    return
         if track not in self._tracks:
             raise UnknownTrackError(f"{track!r} was not declared on this writer")
         if isinstance(track, CounterTrack):
@@ -872,6 +886,17 @@ class TraceWriter:
                 while len(table) > size:
                     table.popitem()
             raise
+        if (
+            event_key is not None
+            and not interned
+            and all(
+                v.__class__ is not str or v in self._string_values
+                for v in args.values()  # type: ignore[union-attr]
+            )
+        ):
+            if len(self._event_cache) >= _ARG_CACHE_LIMIT:
+                self._event_cache.clear()
+            self._event_cache[event_key] = body
         if cacheable and name is not None and self._cache_sizes[kind] < _BODY_CACHE_LIMIT:
             cache = self._begin_cache if kind == _BEGIN else self._instant_cache
             per_track = cache.get(track)
@@ -1329,9 +1354,29 @@ def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
     """A hashable key for an annotation worth caching (scalars, flat dicts), else None."""
     cls = value.__class__
     if cls in _SCALARS:
+        if cls is float and not value:
+            return None  # 0.0 == -0.0, yet they encode differently
         return (key, cls, value)
     if cls is dict and len(value) <= 8:  # type: ignore[arg-type]
         items = tuple(value.items())  # type: ignore[attr-defined]
-        if all(k.__class__ is str and v.__class__ in _SCALARS for k, v in items):
+        if all(
+            k.__class__ is str and v.__class__ in _SCALARS and (v.__class__ is not float or v)
+            for k, v in items
+        ):
             return (key, dict, tuple((k, v.__class__, v) for k, v in items))
     return None
+
+
+def _event_cache_key(
+    kind: int, track: Track, name: str | None, category: str | None, args: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """A key for an event whose args are a few scalars, else None."""
+    if len(args) > 6:
+        return None
+    items = []
+    for key, value in args.items():
+        cls = value.__class__
+        if cls not in _SCALARS or key.__class__ is not str or (cls is float and not value):
+            return None  # (0.0 == -0.0, yet they encode differently)
+        items.append((key, cls, value))
+    return (kind, track, name, category, tuple(items))
