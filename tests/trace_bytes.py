@@ -39,6 +39,14 @@ def record_starts(data: bytes) -> list[int]:
     return starts
 
 
+def cut_inside_a_record(data: bytes, fraction: float) -> bytes:
+    """``data`` cut about ``fraction`` of the way, always inside a record: a cut
+    right on a record boundary would leave a complete, untruncated trace."""
+    cut = int(len(data) * fraction)
+    start = max(p for p in record_starts(data) if p <= cut)
+    return data[: max(cut, start + 3)]
+
+
 def _record(packet: bytes) -> bytes:
     length, out = len(packet), bytearray(b"\x0a")
     while True:

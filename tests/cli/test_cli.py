@@ -11,7 +11,7 @@ from typing import Any
 
 import cli_workloads
 import pytest
-from trace_bytes import uncompressed
+from trace_bytes import cut_inside_a_record, uncompressed
 
 from tracer.query import TraceQuery, find_trace_processor, records
 from tracer.query.errors import TraceProcessorNotFoundError
@@ -54,7 +54,7 @@ def trace(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def truncated(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = uncompressed(trace.read_bytes())
     path = tmp_path_factory.mktemp("cli") / "cut.perfetto-trace"
-    path.write_bytes(data[: len(data) // 2])
+    path.write_bytes(cut_inside_a_record(data, 0.5))
     return path
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import query_workloads
 import synthetic_trace
-from trace_bytes import record_starts, uncompressed
+from trace_bytes import cut_inside_a_record, uncompressed
 
 
 @pytest.fixture(scope="session")
@@ -33,11 +33,7 @@ def truncated_trace(level1_trace: Path, tmp_path_factory: pytest.TempPathFactory
     crash while writing an uncompressed trace leaves it."""
     data = uncompressed(level1_trace.read_bytes())
     path = tmp_path_factory.mktemp("query") / "truncated.perfetto-trace"
-    # Inside the record that spans 60% of the file (a cut right on a record
-    # boundary would leave a complete, untruncated trace).
-    cut = len(data) * 6 // 10
-    start = max(p for p in record_starts(data) if p <= cut)
-    path.write_bytes(data[: max(cut, start + 3)])
+    path.write_bytes(cut_inside_a_record(data, 0.6))
     return path
 
 
