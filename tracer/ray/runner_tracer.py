@@ -300,7 +300,7 @@ class RunnerTracer:
         self._sample_resources()
         w.flush()
         self._stop_flusher = threading.Event()
-        self._flush_due = threading.Event()
+        self._wave_ended = False  # set by the loop, read by the flusher: no lock, no syscall
         self._flusher = threading.Thread(
             target=self._flush_periodically, name=f"tracer-flush-{execution_id}", daemon=True
         )
@@ -313,15 +313,14 @@ class RunnerTracer:
         every system call is a chance for another thread to take the GIL, and
         the loop would pay for that at every wave.
         """
-        while not self._stop_flusher.is_set():
-            self._flush_due.wait(_FLUSH_INTERVAL_S)
-            self._flush_due.clear()
-            if self._stop_flusher.is_set():
-                return
-            self.flush()
-            # Waves can end thousands of times a second: flush what the waves
-            # of the next few ms add in one go, not one write per wave.
-            self._stop_flusher.wait(_MIN_FLUSH_GAP_S)
+        # The loop only sets a flag when a wave ends (waking a thread would
+        # cost it a system call per wave); the flusher looks every 20 ms and
+        # writes what the waves since added in one go.
+        while not self._stop_flusher.wait(_MIN_FLUSH_GAP_S):
+            due = time.monotonic() - self._last_flush >= _FLUSH_INTERVAL_S
+            if self._wave_ended or due:
+                self._wave_ended = False
+                self.flush()
 
     # ------------------------------------------------------------- failures
 
@@ -330,7 +329,6 @@ class RunnerTracer:
             return
         self._disabled = True
         self._stop_flusher.set()
-        self._flush_due.set()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "
             "the run continues untraced; the trace so far is in %s",
@@ -381,7 +379,7 @@ class RunnerTracer:
         self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
-        self._flush_due.set()  # the flusher thread writes it out now
+        self._wave_ended = True  # the flusher thread writes it out within 20 ms
 
     @contextlib.contextmanager
     def _loop_slice(self, name: str, args: dict[str, Any] | None = None) -> Iterator[None]:
@@ -1186,7 +1184,6 @@ class RunnerTracer:
         if self._closed:
             return
         self._stop_flusher.set()
-        self._flush_due.set()
         if self._flusher is not threading.current_thread():
             self._flusher.join(timeout=5.0)
         self._close(error)
