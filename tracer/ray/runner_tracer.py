@@ -79,6 +79,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _NODE_PID_BASE = 2_000_000_000
 _FLUSH_INTERVAL_S = 1.0
 _MIN_FLUSH_GAP_S = 0.02
+#: Memory counter samples (late by nature) are written out at most this often.
+_SETTLE_INTERVAL_NS = 50_000_000
 #: Received tasks are completed (measurements fetched in one ray.get) in
 #: batches this big, or this often: a ray.get costs ~100 µs whatever its size.
 _FETCH_BATCH = 64
@@ -301,6 +303,7 @@ class RunnerTracer:
         w.flush()
         self._stop_flusher = threading.Event()
         self._wave_ended = False  # set by the loop, read by the flusher: no lock, no syscall
+        self._last_settle = 0
         self._flusher = threading.Thread(
             target=self._flush_periodically, name=f"tracer-flush-{execution_id}", daemon=True
         )
@@ -376,7 +379,10 @@ class RunnerTracer:
         self._drain_metrics()
         if self._cancelled:
             self._poll_cancelled(0)
-        self._memory.settle(self._memory_watermark())
+        now = self.writer.now()
+        if now - self._last_settle >= _SETTLE_INTERVAL_NS:  # memory counters: late anyway
+            self._last_settle = now
+            self._memory.settle(self._memory_watermark())
         self.writer.end(self._loop, args=metrics or None)
         self._sample_resources()
         self._wave_ended = True  # the flusher thread writes it out within 20 ms
