@@ -143,7 +143,7 @@ class _TaskState:
         self.request = request
         self.dispatch_ts: int | None = None
         self.metrics_ref: Any = None
-        self.metrics: Metrics | None = None  # fetched early by task_error()
+        self.metrics: Metrics | None = None  # fetched in a batch, not yet written
         self.received_ts = 0
         self.released = False
         self.attempt = 0
@@ -571,34 +571,6 @@ class RunnerTracer:
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
 
     @_guarded
-    def task_error(self, task_id: str) -> BaseException | None:
-        """The error a received task ended with, or None (level >= 1, return channel only).
-
-        Call it when the runner sees the task's result as ready, before
-        :meth:`task_received_as_ready`; on an error, report it with
-        :meth:`task_failed` instead. It reads the task's small measurements
-        return (inlined by Ray, no data is fetched), which raises exactly when
-        the task failed (a Ray error, an OOM kill, a crashed worker); the
-        measurements are kept for the trace, so they are not fetched twice.
-        Returns None for tasks without one (not dispatched traced, or the
-        metrics actor channel).
-        """
-        state = self._tasks.get(str(task_id))
-        if state is None or state.metrics_ref is None or state.metrics is not None:
-            return None
-        import ray
-
-        try:
-            metrics = ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            return None  # left for the wave's drain
-        except Exception as exc:
-            return exc
-        if isinstance(metrics, dict):
-            state.metrics = metrics
-        return None
-
-    @_guarded
     def task_received_as_ready(self, task_id: str) -> None:
         """The runner saw the task's result as ready.
 
@@ -913,10 +885,6 @@ class RunnerTracer:
     def _drain_pending(self) -> None:
         """Measurements of received tasks that their batch could not fetch (return channel)."""
         pending, self._pending_metrics = self._pending_metrics, []
-        for state in pending:
-            if state.metrics is not None:  # fetched by task_error()
-                self._write_execution(state.metrics, state)
-        pending = [s for s in pending if s.metrics is None]
         if pending:
             import ray
 
@@ -1317,9 +1285,6 @@ class NullRunnerTracer:
 
     def task_not_ready(self, task_id: str) -> None:
         pass
-
-    def task_error(self, task_id: str) -> None:
-        return None
 
     def task_received_as_ready(self, task_id: str) -> None:
         pass
