@@ -9,16 +9,10 @@ from typing import Any
 
 import pytest
 
-from tracer.ray import memory, task_metrics
+from tracer.ray import memory
 from tracer.ray.task_metrics import TaskContext, measure_task
 
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def _outside_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not in a Ray worker: skip the runtime-context lookup (it would start a local Ray)."""
-    monkeypatch.setattr(task_metrics, "_where", dict)
 
 
 def _ctx(task_id: str = "t", level: int = 2, native: bool = False) -> TaskContext:
