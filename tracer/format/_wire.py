@@ -19,6 +19,21 @@ _U64 = (1 << 64) - 1
 _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
 
+# Values of the Perfetto schema that both the writer and the reader use.
+TYPE_BEGIN = 1  # TrackEvent.Type
+TYPE_END = 2
+TYPE_INSTANT = 3
+TYPE_COUNTER = 4
+CLOCK_REALTIME = 1  # BuiltinClock
+CLOCK_BOOTTIME = 6
+CLOCK_INCREMENTAL = 64  # the first sequence-scoped clock id
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+#: CounterDescriptor.Unit and TrackDescriptor.ChildTracksOrdering, by tracer's names.
+COUNTER_UNITS: dict[str, int] = {"ns": 1, "count": 2, "bytes": 3}
+CHILD_ORDERING: dict[str, int] = {"lexicographic": 1, "chronological": 2, "explicit": 3}
+
 WT_VARINT = 0
 WT_FIXED64 = 1
 WT_LEN = 2

@@ -54,6 +54,18 @@ from google.protobuf.message import DecodeError
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.errors import TraceReadError
+from tracer.format._wire import (
+    CHILD_ORDERING,
+    CLOCK_BOOTTIME,
+    COUNTER_UNITS,
+    INT64_MAX,
+    INT64_MIN,
+    TYPE_BEGIN,
+    TYPE_COUNTER,
+    TYPE_END,
+    TYPE_INSTANT,
+    UINT64_MAX,
+)
 from tracer.format.model import (
     MAX_PROBLEMS_PER_KIND,
     CounterSample,
@@ -82,21 +94,21 @@ _EMPTY_BLOCKS = [b"\x0a\x00" * (1 << k) for k in range(11, -1, -1)]
 _SEQ_INCREMENTAL_STATE_CLEARED = 1
 _SEQ_NEEDS_INCREMENTAL_STATE = 2
 
-_BOOTTIME = 6
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
-_UINT64_MASK = (1 << 64) - 1
+_BOOTTIME = CLOCK_BOOTTIME
+_INT64_MIN = INT64_MIN
+_INT64_MAX = INT64_MAX
+_UINT64_MASK = UINT64_MAX
 
-_BEGIN = 1
-_END = 2
-_INSTANT = 3
-_COUNTER = 4
+_BEGIN = TYPE_BEGIN
+_END = TYPE_END
+_INSTANT = TYPE_INSTANT
+_COUNTER = TYPE_COUNTER
 
 #: trace_processor's kMaxNumExtraCounters.
 _MAX_EXTRA_COUNTERS = 8
 
-_COUNTER_UNITS = {1: "ns", 2: "count", 3: "bytes"}
-_CHILD_ORDERING = {1: "lexicographic", 2: "chronological", 3: "explicit"}
+_COUNTER_UNITS = {value: name for name, value in COUNTER_UNITS.items()}
+_CHILD_ORDERING = {value: name for name, value in CHILD_ORDERING.items()}
 _MERGE_BEHAVIOR = {1: "by_track_name", 2: "none", 3: "by_sibling_merge_key"}
 
 _parse_packet = pb.TracePacket.FromString

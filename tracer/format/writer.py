@@ -50,6 +50,18 @@ from tracer.errors import (
     ValueOutOfRangeError,
 )
 from tracer.format._wire import (
+    CHILD_ORDERING,
+    CLOCK_BOOTTIME,
+    CLOCK_INCREMENTAL,
+    CLOCK_REALTIME,
+    COUNTER_UNITS,
+    INT64_MAX,
+    INT64_MIN,
+    TYPE_BEGIN,
+    TYPE_COUNTER,
+    TYPE_END,
+    TYPE_INSTANT,
+    UINT64_MAX,
     VARINT_TABLE,
     field_bytes,
     field_double,
@@ -72,23 +84,23 @@ __all__ = [
 CounterUnit = Literal["count", "bytes", "ns"]
 ChildOrdering = Literal["lexicographic", "chronological", "explicit"]
 
-_COUNTER_UNITS: dict[str, int] = {"ns": 1, "count": 2, "bytes": 3}
-_CHILD_ORDERING: dict[str, int] = {"lexicographic": 1, "chronological": 2, "explicit": 3}
+_COUNTER_UNITS = COUNTER_UNITS
+_CHILD_ORDERING = CHILD_ORDERING
 
 # TrackEvent.Type values.
-_BEGIN = 1
-_END = 2
-_INSTANT = 3
-_COUNTER = 4
+_BEGIN = TYPE_BEGIN
+_END = TYPE_END
+_INSTANT = TYPE_INSTANT
+_COUNTER = TYPE_COUNTER
 
-_CLOCK_BOOTTIME = 6
-_CLOCK_REALTIME = 1
-_CLOCK_INCREMENTAL = 64
+_CLOCK_BOOTTIME = CLOCK_BOOTTIME
+_CLOCK_REALTIME = CLOCK_REALTIME
+_CLOCK_INCREMENTAL = CLOCK_INCREMENTAL
 _ABSOLUTE_CLOCK = b"\xd0\x03\x06"  # TracePacket.timestamp_clock_id = BOOTTIME
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
-_UINT64_MAX = (1 << 64) - 1
+_INT64_MIN = INT64_MIN
+_INT64_MAX = INT64_MAX
+_UINT64_MAX = UINT64_MAX
 
 #: Interning stops adding entries past this many per table (bounded memory);
 #: further new strings are written inline.
