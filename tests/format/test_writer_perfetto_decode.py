@@ -305,7 +305,7 @@ def test_interned_annotation_names_and_repeated_string_values(tmp_path: Path) ->
     long = "L" * 300
     with TraceWriter(path, clock=FakeClock(T0)) as w:
         t = w.track("lane")
-        for i in range(3):
+        for i in range(4):
             w.instant(t, "e", T0 + i, args={"node": "node-1", "long": long})
     evs = events(decode(path))
     anns = [list(e.track_event.debug_annotations) for e in evs]
@@ -315,15 +315,17 @@ def test_interned_annotation_names_and_repeated_string_values(tmp_path: Path) ->
         assert [a.name_iid for a in event_anns] == [name_iids["node"], name_iids["long"]]
         assert all(not a.HasField("name") for a in event_anns)
     assert not evs[1].interned_data.debug_annotation_names  # defined once
-    # A string value is written inline once, interned from its second occurrence on.
-    assert anns[0][0].string_value == "node-1"
+    # A string value is written inline twice (a value used twice is smaller
+    # inline), interned from its third occurrence on.
+    assert [a[0].string_value for a in anns[:2]] == ["node-1", "node-1"]
     assert not evs[0].interned_data.debug_annotation_string_values
-    strings = evs[1].interned_data.debug_annotation_string_values
-    assert [(s.iid, s.str) for s in strings] == [(anns[1][0].string_value_iid, b"node-1")]
-    assert anns[2][0].string_value_iid == anns[1][0].string_value_iid
-    assert not evs[2].interned_data.debug_annotation_string_values
+    assert not evs[1].interned_data.debug_annotation_string_values
+    strings = evs[2].interned_data.debug_annotation_string_values
+    assert [(s.iid, s.str) for s in strings] == [(anns[2][0].string_value_iid, b"node-1")]
+    assert anns[3][0].string_value_iid == anns[2][0].string_value_iid
+    assert not evs[3].interned_data.debug_annotation_string_values
     # Long values are never interned.
-    assert [a[1].string_value for a in anns] == [long, long, long]
+    assert [a[1].string_value for a in anns] == [long] * 4
 
 
 def test_interning_stops_at_intern_limit(tmp_path: Path) -> None:
