@@ -30,8 +30,10 @@ def _traced_remote(remote_fn: Any) -> Any:
         return cached[1]
     fn = remote_fn._function
 
-    def traced(__tracer_ctx: TaskContext, __tracer_n: int, *args: Any, **kwargs: Any) -> Any:
-        return run_traced(fn, __tracer_ctx, __tracer_n, args, kwargs)
+    def traced(
+        __tracer_ctx: tuple[Any, ...] | TaskContext, __tracer_n: int, *args: Any, **kwargs: Any
+    ) -> Any:
+        return run_traced(fn, TaskContext.from_wire(__tracer_ctx), __tracer_n, args, kwargs)
 
     # Named like the user's function in Ray's dashboard and errors; not
     # functools.wraps, whose __wrapped__ would make Ray check our arguments
@@ -89,7 +91,7 @@ class RayRunnableFunctionWrapper:
             return _with_options(self.f, self.options_).remote(*args, **kwargs)
         traced = _traced_remote(self.f)
         refs = _with_options(traced, {**self.options_, "num_returns": n + 1}).remote(
-            ctx, n, *args, **kwargs
+            ctx.to_wire(), n, *args, **kwargs
         )
         tracer.register_metrics_ref(self.task_id, refs[-1])
         return refs[0] if n == 1 else refs[:-1]
