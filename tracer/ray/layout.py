@@ -81,6 +81,8 @@ STATUS_UNFINISHED = "unfinished"
 STATUS_SUPERSEDED = "superseded"
 
 # Annotation names.
+#: The wave's number, on the BEGIN of its slice.
+ARG_WAVE = "wave"
 # Counts in a wave's args (the END of its slice).
 ARG_TASKS_ADDED = "tasks_added"
 ARG_TASKS_DISPATCHED = "tasks_dispatched"

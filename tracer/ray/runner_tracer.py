@@ -52,15 +52,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter, Track
@@ -350,27 +351,32 @@ class RunnerTracer:
 
     # ---------------------------------------------------------- dispatch loop
 
-    @contextlib.contextmanager
-    def dispatch_wave(self, wave_num: int) -> Iterator[Callable[..., None]]:
+    def dispatch_wave(
+        self, wave_num: int
+    ) -> contextlib.AbstractContextManager[Callable[..., None]]:
         """A wave of the dispatch loop; yields ``update(**metrics)`` for the wave's args."""
-        metrics: dict[str, Any] = {}
-        self._begin_loop(L.SLICE_WAVE, {"wave": wave_num})
-        self._wave_counts = {}
-        try:
-            yield metrics.update
-        finally:
-            counts, self._wave_counts = self._wave_counts, None
-            if counts:
-                metrics = {**counts, **metrics}
-            self._end_wave(metrics)
+        return _Wave(self, wave_num)
 
-    @_guarded
+    # The loop's own events are the most frequent calls: guarded inline (as
+    # _guarded does) rather than through the decorator's extra call.
+
     def _begin_loop(self, name: str, args: dict[str, Any] | None = None) -> None:
-        self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        except Exception as exc:
+            self._disable(exc)
 
-    @_guarded
     def _end_loop(self, args: dict[str, Any] | None = None) -> None:
-        self.writer.end(self._loop, args=args)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.end(self._loop, args=args)
+        except Exception as exc:
+            self._disable(exc)
 
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
@@ -387,48 +393,28 @@ class RunnerTracer:
         self._sample_resources()
         self._wave_ended = True  # the flusher thread writes it out within 20 ms
 
-    @contextlib.contextmanager
-    def _loop_slice(self, name: str, args: dict[str, Any] | None = None) -> Iterator[None]:
-        self._begin_loop(name, args)
-        try:
-            yield
-        finally:
-            self._end_loop()
-
-    def dispatch_batching(self) -> contextlib.AbstractContextManager[None]:
+    def dispatch_batching(self) -> contextlib.AbstractContextManager[Callable[..., None]]:
         """Collecting tasks from the plan into a dispatch batch."""
-        return self._loop_slice(L.SLICE_BATCHING)
+        return _LoopSlice(self, L.SLICE_BATCHING, None)
 
-    def dispatching(self) -> contextlib.AbstractContextManager[None]:
+    def dispatching(self) -> contextlib.AbstractContextManager[Callable[..., None]]:
         """Submitting the batch to Ray."""
-        return self._loop_slice(L.SLICE_DISPATCHING)
+        return _LoopSlice(self, L.SLICE_DISPATCHING, None)
 
-    @contextlib.contextmanager
     def awaiting(
         self, num_returns: int | None = None, timeout: float | None = None
-    ) -> Iterator[Callable[..., None]]:
+    ) -> contextlib.AbstractContextManager[Callable[..., None]]:
         """Waiting on in-flight tasks (``ray.wait``); yields ``update(**args)`` (``num_ready``)."""
         args: dict[str, Any] = {}
         if num_returns is not None:
             args["num_returns"] = num_returns
         if timeout is not None:
             args["timeout_s"] = float(timeout)
-        end_args: dict[str, Any] = {}
-        self._begin_loop(L.SLICE_AWAITING, args)
-        try:
-            yield end_args.update
-        finally:
-            self._end_loop(end_args or None)
+        return _LoopSlice(self, L.SLICE_AWAITING, args)
 
-    @contextlib.contextmanager
-    def get_next_physical_plan(self) -> Iterator[Callable[..., None]]:
+    def get_next_physical_plan(self) -> contextlib.AbstractContextManager[Callable[..., None]]:
         """Polling the plan for its next item; yields ``update(**args)``."""
-        end_args: dict[str, Any] = {}
-        self._begin_loop(L.SLICE_PLAN_POLLING)
-        try:
-            yield end_args.update
-        finally:
-            self._end_loop(end_args or None)
+        return _LoopSlice(self, L.SLICE_PLAN_POLLING, None)
 
     plan_polling = get_next_physical_plan
 
@@ -473,10 +459,15 @@ class RunnerTracer:
         else:
             self._loop_instant(instant)
 
-    @_guarded
     def count_inflight_tasks(self, count: int) -> None:
         """Sample the number of tasks in flight."""
-        self.writer.counter(self._inflight, count)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.counter(self._inflight, count)
+        except Exception as exc:
+            self._disable(exc)
 
     def _sample_resources(self) -> None:
         w = self.writer
@@ -1194,20 +1185,82 @@ class RunnerTracer:
         self.writer.end(self._loop, args=args)
 
 
-class _NullContext:
-    """A reusable no-op context manager that yields a no-op updater."""
+class _LoopSlice:
+    """A dispatch-loop slice as a ``with`` block; yields ``update(**args)`` for its end.
 
-    __slots__ = ()
+    A small class rather than ``contextlib.contextmanager``: a generator-based
+    context manager costs ~1.5 µs a block, and the loop opens about six a wave.
+    """
+
+    __slots__ = ("_args", "_end_args", "_name", "_tracer")
+
+    def __init__(self, tracer: RunnerTracer, name: str, args: dict[str, Any] | None) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._args = args
+        self._end_args: dict[str, Any] = {}
 
     def __enter__(self) -> Callable[..., None]:
-        return _noop
+        self._tracer._begin_loop(self._name, self._args)
+        return self._end_args.update
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self._tracer._end_loop(self._end_args or None)
+
+
+class _Wave:
+    """A wave as a ``with`` block; per-wave counts and ``update(**metrics)`` become its args."""
+
+    __slots__ = ("_metrics", "_tracer", "_wave_num")
+
+    def __init__(self, tracer: RunnerTracer, wave_num: int) -> None:
+        self._tracer = tracer
+        self._wave_num = wave_num
+        self._metrics: dict[str, Any] = {}
+
+    def __enter__(self) -> Callable[..., None]:
+        tracer = self._tracer
+        tracer._begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._wave_num})
+        tracer._wave_counts = {}
+        return self._metrics.update
+
+    def __exit__(self, *exc: object) -> None:
+        tracer = self._tracer
+        counts, tracer._wave_counts = tracer._wave_counts, None
+        metrics = self._metrics
+        if counts:
+            metrics = {**counts, **metrics}
+        tracer._end_wave(metrics)
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+class _NullContext:
+    """A reusable no-op context manager that yields a no-op updater.
+
+    Its ``__enter__`` and ``__exit__`` are C functions, not Python methods:
+    Python's ``with`` calls them without running any bytecode, which halves
+    the block's cost at level 0 (~60 ns instead of ~110 ns for ``with`` on a
+    Python-level no-op). Builtin callables are not descriptors, so as class
+    attributes they are called as they are, without ``self``:
+    ``__enter__()`` returns ``_noop`` (an ``itertools.repeat`` iterator's
+    ``__next__``), and ``__exit__(type, value, tb)`` is ``"".format``, which
+    ignores its arguments and returns ``""``: false, so exceptions propagate.
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what they are to a type checker: plain methods
+
+        def __enter__(self) -> Callable[..., None]: ...
+
+        def __exit__(self, *exc: object) -> None: ...
+
+    else:
+        __enter__ = itertools.repeat(_noop).__next__
+        __exit__ = "".format
 
 
 _NULL_CONTEXT = _NullContext()
