@@ -357,26 +357,13 @@ class RunnerTracer:
         """A wave of the dispatch loop; yields ``update(**metrics)`` for the wave's args."""
         return _Wave(self, wave_num)
 
-    # The loop's own events are the most frequent calls: guarded inline (as
-    # _guarded does) rather than through the decorator's extra call.
-
+    @_guarded
     def _begin_loop(self, name: str, args: dict[str, Any] | None = None) -> None:
-        if self._disabled:
-            return
-        try:
-            with self._lock:
-                self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
-        except Exception as exc:
-            self._disable(exc)
+        self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
 
+    @_guarded
     def _end_loop(self, args: dict[str, Any] | None = None) -> None:
-        if self._disabled:
-            return
-        try:
-            with self._lock:
-                self.writer.end(self._loop, args=args)
-        except Exception as exc:
-            self._disable(exc)
+        self.writer.end(self._loop, args=args)
 
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
@@ -459,15 +446,10 @@ class RunnerTracer:
         else:
             self._loop_instant(instant)
 
+    @_guarded
     def count_inflight_tasks(self, count: int) -> None:
         """Sample the number of tasks in flight."""
-        if self._disabled:
-            return
-        try:
-            with self._lock:
-                self.writer.counter(self._inflight, count)
-        except Exception as exc:
-            self._disable(exc)
+        self.writer.counter(self._inflight, count)
 
     def _sample_resources(self) -> None:
         w = self.writer
