@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_writer_perfetto_decode import Interned, decode, events
+from test_writer_perfetto_decode import Interned, _inflated, decode, events
 from trace_helpers import FakeClock
 
 from tracer.format import TraceWriter, read_trace
@@ -53,7 +53,7 @@ def _write(path: Path, compress: bool = False) -> list[dict[str, Any]]:
 def test_fast_and_slow_events_decode_with_perfettos_schema(tmp_path: Path, compress: bool) -> None:
     path = tmp_path / "t.perfetto-trace"
     written = _write(path, compress)
-    packets = decode(path) if not compress else _inflate(path)
+    packets = _inflated(path) if compress else decode(path)
     interned = Interned(packets)  # asserts no iid is redefined differently
     evs = events(packets)
     begins = [e for e in evs if e.track_event.type == 1]
@@ -131,17 +131,3 @@ def test_fast_path_validates_flows_like_the_slow_path(tmp_path: Path) -> None:
     assert [s.args for s in model.slices] == [{"k": 1}, {"k": 3}]
     assert len(model.flows) == 1
 
-
-def _inflate(path: Path) -> list[Any]:
-    """Packets of a compressed trace, the bundles opened (perfetto's own schema)."""
-    import zlib
-
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pf
-
-    out = []
-    for p in decode(path):
-        if p.HasField("compressed_packets"):
-            out.extend(pf.Trace.FromString(zlib.decompress(p.compressed_packets)).packet)
-        else:
-            out.append(p)
-    return out

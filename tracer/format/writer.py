@@ -328,8 +328,6 @@ class TraceWriter:
         self._seen_twice: set[str] = set()
         # Encoded annotations by (name, value) for repeated scalar values.
         self._arg_cache: dict[tuple[Any, ...], bytes] = {}
-        # Whole event bodies by (kind, track, name, category, scalar args).
-        self._event_cache: dict[tuple[Any, ...], bytes] = {}
         # Encoded TrackEvent heads (type, track, name, category) of events
         # with args written before, by (kind, track, name, category): see _fast_event.
         self._heads: dict[tuple[Any, ...], bytes] = {}
@@ -828,23 +826,16 @@ class TraceWriter:
         flows: Iterable[int] | None,
         terminating_flows: Iterable[int] | None,
     ) -> None:
-        """The slow path: validates, interns, encodes args and flows, fills the caches."""
+        """Events off the cached-body path: args, flows, or a first occurrence.
+
+        An event with args whose head was written before goes through
+        :meth:`_fast_event`; the rest (and what it hands back) is the slow
+        path: it validates, interns, encodes args and flows, fills the caches.
+        """
         if args.__class__ is dict:
             head = self._heads.get((kind, track, name, category))
             if head is not None and self._fast_event(head, ts, args, flows, terminating_flows):
                 return
-        # Events with the same small scalar args as before (e.g. a loop's
-        # "awaiting" with num_returns=1, timeout=0.1) reuse their encoded body.
-        event_key = None
-        if args and not flows and not terminating_flows and args.__class__ is dict:
-            event_key = _event_cache_key(kind, track, name, category, args)
-            if event_key is not None:
-                cached = self._event_cache.get(event_key)
-                if cached is not None:
-                    self._emit(self._clock() if ts is None else ts, cached)
-                    if len(self._buf) >= self._limit:
-                        self._flush_buffer()
-                    return
         if track not in self._tracks:
             raise UnknownTrackError(f"{track!r} was not declared on this writer")
         if isinstance(track, CounterTrack):
@@ -867,12 +858,8 @@ class TraceWriter:
                 event += b"\x18" + varint(iid) if iid else field_string(22, category)
             head = event
             cacheable = not (args or flows or terminating_flows) and kind != _END
-            if flows:
-                for flow in flows:
-                    event += field_fixed64(47, _check_flow(flow))
-            if terminating_flows:
-                for flow in terminating_flows:
-                    event += field_fixed64(48, _check_flow(flow))
+            if flows or terminating_flows:
+                event += _flow_fields(flows, terminating_flows)
             if args:
                 if not isinstance(args, Mapping):
                     raise InvalidArgumentTypeError(
@@ -912,17 +899,6 @@ class TraceWriter:
             if len(heads) >= _ARG_CACHE_LIMIT:
                 heads.clear()
             heads[(kind, track, name, category)] = head
-        if (
-            event_key is not None
-            and not interned
-            and all(
-                v.__class__ is not str or v in self._string_values
-                for v in args.values()  # type: ignore[union-attr]
-            )
-        ):
-            if len(self._event_cache) >= _ARG_CACHE_LIMIT:
-                self._event_cache.clear()
-            self._event_cache[event_key] = body
         if cacheable and name is not None and self._cache_sizes[kind] < _BODY_CACHE_LIMIT:
             cache = self._begin_cache if kind == _BEGIN else self._instant_cache
             per_track = cache.get(track)
@@ -956,12 +932,8 @@ class TraceWriter:
         if ts is not None and ts < 0:
             return False
         event = head
-        if flows:
-            for flow in flows:
-                event += field_fixed64(47, _check_flow(flow))
-        if terminating_flows:
-            for flow in terminating_flows:
-                event += field_fixed64(48, _check_flow(flow))
+        if flows or terminating_flows:
+            event += _flow_fields(flows, terminating_flows)
         names = self._arg_names
         interned: list[bytes] = []
         for key, value in args.items():
@@ -1268,6 +1240,16 @@ def _check_flow(flow: object) -> int:
     return flow
 
 
+def _flow_fields(flows: Iterable[int] | None, terminating_flows: Iterable[int] | None) -> bytes:
+    """TrackEvent.flow_ids (47) and terminating_flow_ids (48), each id checked."""
+    out = b""
+    for flow in flows or ():
+        out += field_fixed64(47, _check_flow(flow))
+    for flow in terminating_flows or ():
+        out += field_fixed64(48, _check_flow(flow))
+    return out
+
+
 # ------------------------------------------------------------ counter sequences
 
 #: trace_processor reads at most this many extra_counter_values per event.
@@ -1473,17 +1455,3 @@ def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
             return (key, dict, tuple((k, v.__class__, v) for k, v in items))
     return None
 
-
-def _event_cache_key(
-    kind: int, track: Track, name: str | None, category: str | None, args: dict[str, Any]
-) -> tuple[Any, ...] | None:
-    """A key for an event whose args are a few scalars, else None."""
-    if len(args) > 6:
-        return None
-    items = []
-    for key, value in args.items():
-        cls = value.__class__
-        if cls not in _SCALARS or key.__class__ is not str or (cls is float and not value):
-            return None  # (0.0 == -0.0, yet they encode differently)
-        items.append((key, cls, value))
-    return (kind, track, name, category, tuple(items))
