@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from tracer.query import records
+from tracer.query import is_missing, records
 
 __all__ = [
     "Column",
@@ -61,18 +61,9 @@ class Column:
     right: bool = True
 
 
-def _missing(value: Any) -> bool:
-    if value is None:
-        return True
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
 def fmt_dur(ns: Any, style: Style) -> str:
     """Nanoseconds as a short duration: 812 ns, 81.8 µs, 5.41 ms, 1.14 s, 12 min."""
-    if _missing(ns):
+    if is_missing(ns):
         return "-"
     value = float(ns)
     sign = "-" if value < 0 else ""
@@ -89,7 +80,7 @@ def fmt_dur(ns: Any, style: Style) -> str:
 
 def fmt_bytes(n: Any, style: Style) -> str:
     """Bytes in binary units: 512 B, 10.0 MiB, 1.25 GiB."""
-    if _missing(n):
+    if is_missing(n):
         return "-"
     value = float(n)
     sign = "-" if value < 0 else ""
@@ -102,25 +93,25 @@ def fmt_bytes(n: Any, style: Style) -> str:
 
 
 def fmt_share(x: Any, style: Style) -> str:
-    if _missing(x):
+    if is_missing(x):
         return "-"
     return f"{100 * float(x):.1f}%"
 
 
 def fmt_count(x: Any, style: Style) -> str:
-    if _missing(x):
+    if is_missing(x):
         return "-"
     return str(int(x))
 
 
 def fmt_ratio(x: Any, style: Style) -> str:
-    if _missing(x):
+    if is_missing(x):
         return "-"
     return f"{float(x):.2f}x"
 
 
 def fmt_text(x: Any, style: Style) -> str:
-    return "-" if _missing(x) else str(x)
+    return "-" if is_missing(x) else str(x)
 
 
 def _sig(value: float) -> str:

@@ -23,7 +23,7 @@ default), for machines where no trace_processor binary can be had.
 """
 
 from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery, check_trace_file
-from tracer.query.columns import SCHEMAS, records, to_frame
+from tracer.query.columns import SCHEMAS, is_missing, records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import ENV_VAR, find_trace_processor
 from tracer.query.sql import ANALYSES, TABLES, sql_path, sql_text
@@ -42,6 +42,7 @@ __all__ = [
     "TraceQuery",
     "check_trace_file",
     "find_trace_processor",
+    "is_missing",
     "records",
     "sql_path",
     "sql_text",

@@ -139,7 +139,7 @@ def to_frame(data: pd.DataFrame | Sequence[Mapping[str, Any]], name: str) -> pd.
                              dtype=object)
     out = {}
     for column, kind in schema:
-        values = [None if _missing(v) else v for v in frame[column].tolist()]
+        values = [None if is_missing(v) else v for v in frame[column].tolist()]
         if kind == "int":
             values = [None if v is None else int(v) for v in values]
         elif kind == "float":
@@ -150,7 +150,8 @@ def to_frame(data: pd.DataFrame | Sequence[Mapping[str, Any]], name: str) -> pd.
     return pd.DataFrame(out, columns=columns)
 
 
-def _missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """None, NaN, pandas' NA or NaT: a value an analysis did not have (a cell to show as -)."""
     if value is None:
         return True
     try:
@@ -172,7 +173,7 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _plain(value: Any) -> Any:
-    if _missing(value):
+    if is_missing(value):
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         return value.item()  # numpy scalars
