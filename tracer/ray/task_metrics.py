@@ -85,10 +85,8 @@ class TaskContext:
         )
 
     @classmethod
-    def from_wire(cls, wire: TaskContext | tuple[Any, ...] | list[Any]) -> TaskContext:
+    def from_wire(cls, wire: tuple[Any, ...] | list[Any]) -> TaskContext:
         """The context back from :meth:`to_wire`'s tuple (msgpack may make it a list)."""
-        if isinstance(wire, TaskContext):
-            return wire
         return cls(*wire)
 
 

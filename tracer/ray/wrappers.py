@@ -30,9 +30,7 @@ def _traced_remote(remote_fn: Any) -> Any:
         return cached[1]
     fn = remote_fn._function
 
-    def traced(
-        __tracer_ctx: tuple[Any, ...] | TaskContext, __tracer_n: int, *args: Any, **kwargs: Any
-    ) -> Any:
+    def traced(__tracer_ctx: tuple[Any, ...], __tracer_n: int, *args: Any, **kwargs: Any) -> Any:
         return run_traced(fn, TaskContext.from_wire(__tracer_ctx), __tracer_n, args, kwargs)
 
     # Named like the user's function in Ray's dashboard and errors; not
