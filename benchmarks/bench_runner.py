@@ -237,7 +237,6 @@ def worker_side_costs() -> dict[str, float]:
             "  current_rss (/proc read)": _ns_per_call(current_rss, n) / 1000,
             "pickle the metrics (return value)": _ns_per_call(lambda: cp.dumps(metrics), n) / 1000,
             "metrics pickled size (bytes)": float(len(cp.dumps(metrics))),
-            "TaskContext pickled size (bytes)": float(len(cp.dumps(ctx))),
         }
 
     return dict(ray.get(probe.remote()))

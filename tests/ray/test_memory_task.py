@@ -158,3 +158,29 @@ def test_all_allocations_counts_every_allocation_of_the_task() -> None:
     with measure_task(_ctx()) as m2:
         bytes(1000)
     assert "total_allocated" not in m2 and "allocation_count" not in m2
+
+
+def test_current_rss_follows_this_process_and_a_forked_child() -> None:
+    """The /proc file stays open between reads: each read is fresh, and a child reads its own."""
+    from tracer.ray.task_metrics import current_rss
+
+    base = current_rss()
+    block = bytearray(os.urandom(1)) * (200 * MIB)  # touched: resident
+    grown = current_rss()
+    assert grown - base >= 190 * MIB, (base, grown)
+    del block
+    assert current_rss() < grown - 150 * MIB
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: allocate, measure, report, exit without cleanup
+        try:
+            child_base = current_rss()
+            child_block = bytearray(os.urandom(1)) * (100 * MIB)
+            os.write(write, f"{child_base} {current_rss()} {len(child_block)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_base, child_grown, _ = map(int, f.read().split())
+    os.waitpid(pid, 0)
+    assert child_grown - child_base >= 90 * MIB, (child_base, child_grown)

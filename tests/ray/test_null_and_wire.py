@@ -1,6 +1,6 @@
-"""Level 0's context managers, and the task context as it crosses to a task.
+"""Level 0's context managers, and what a traced call sends to its task.
 
-No Ray needed: these are the pieces whose cheapness is their point, checked
+No Ray cluster needed: these are the pieces whose cheapness is their point, checked
 for behaving exactly like the ordinary Python they replace.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pickle
 
-import msgpack
 import pytest
 
 from tracer.ray import NullRunnerTracer, TaskContext
+from tracer.ray.wrappers import _traced_remote
 
 
 def _blocks(tracer: NullRunnerTracer) -> list[object]:
@@ -47,13 +47,30 @@ def test_null_blocks_let_exceptions_through_and_can_nest_and_repeat() -> None:
     assert ctx.__exit__(None, None, None) is not True  # never swallows
 
 
-def test_task_context_round_trips_through_its_wire_form() -> None:
+def test_task_context_for_another_task_keeps_the_execution_settings() -> None:
     ctx = TaskContext("exec-1", "2-17", 2, 2, True, True, False)
-    wire = ctx.to_wire()
-    assert type(wire) is tuple
-    assert TaskContext.from_wire(wire) == ctx
-    # Plain values only, so Ray can msgpack it (which turns tuples into lists).
-    unpacked = msgpack.unpackb(msgpack.packb(wire))
-    assert isinstance(unpacked, list)
-    assert TaskContext.from_wire(unpacked) == ctx
-    assert pickle.loads(pickle.dumps(wire)) == wire
+    other = ctx.for_task("3-1")
+    assert other == TaskContext("exec-1", "3-1", None, 2, True, True, False)
+    assert pickle.loads(pickle.dumps(other)) == other
+
+
+def test_traced_remote_functions_are_shared_per_execution_settings() -> None:
+    """Only the task id travels with a call: the rest is baked into a cached function."""
+    import ray
+
+    @ray.remote
+    def user_fn(x: int) -> int:
+        return x
+
+    level1 = TaskContext("exec-1", "0-1", 0, 1)
+    same = _traced_remote(user_fn, level1, 1)
+    # Another task, another execution, same settings: the same function.
+    assert _traced_remote(user_fn, TaskContext("exec-2", "5-9", 5, 1), 1) is same
+    # Settings that change what the task does: another function.
+    assert _traced_remote(user_fn, TaskContext("exec-1", "0-1", 0, 2), 1) is not same
+    assert _traced_remote(user_fn, level1, 2) is not same
+    # With a metrics actor the execution id names it: one function per execution.
+    with_actor = _traced_remote(user_fn, TaskContext("exec-1", "0-1", 0, 1, metrics_actor=True), 1)
+    assert with_actor is not same
+    assert _traced_remote(user_fn, TaskContext("exec-3", "0-1", 0, 1, metrics_actor=True), 1) \
+        is not with_actor

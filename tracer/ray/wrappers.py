@@ -19,19 +19,38 @@ from tracer.ray.task_metrics import TaskContext, run_traced
 
 T = TypeVar("T")
 
-_TRACED: dict[int, tuple[Callable[..., Any], Any]] = {}
+_TRACED: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
+_MAX_TRACED = 256
 
 
-def _traced_remote(remote_fn: Any) -> Any:
-    """A Ray remote function that runs ``remote_fn``'s body measured (cached per function)."""
-    key = id(remote_fn)
+def _traced_remote(remote_fn: Any, ctx: TaskContext, num_returns: int) -> Any:
+    """A Ray remote function that runs ``remote_fn``'s body measured.
+
+    What every task of an execution shares (level, memray options, whether
+    failed attempts report to a metrics actor, the number of returns) is baked
+    into the function, cached per function and configuration; each call sends
+    only the task id. Every argument of a call costs the driver Ray's
+    serialization: measured on 3000 no-op tasks, the task id alone adds ~17 µs
+    of driver CPU per task, where the whole context as a tuple plus the number
+    of returns added ~52 µs.
+    """
+    # The execution id only names the metrics actor: without one, executions share functions.
+    execution_id = ctx.execution_id if ctx.metrics_actor else ""
+    key = (
+        id(remote_fn), execution_id, ctx.level, ctx.memray_native_traces, ctx.metrics_actor,
+        ctx.memray_all_allocations, num_returns,
+    )
     cached = _TRACED.get(key)
     if cached is not None and cached[0] is remote_fn:
         return cached[1]
     fn = remote_fn._function
+    template = TaskContext(
+        execution_id, "", None, ctx.level, ctx.memray_native_traces, ctx.metrics_actor,
+        ctx.memray_all_allocations,
+    )
 
-    def traced(__tracer_ctx: tuple[Any, ...], __tracer_n: int, *args: Any, **kwargs: Any) -> Any:
-        return run_traced(fn, TaskContext.from_wire(__tracer_ctx), __tracer_n, args, kwargs)
+    def traced(__tracer_task_id: str, *args: Any, **kwargs: Any) -> Any:
+        return run_traced(fn, template.for_task(__tracer_task_id), num_returns, args, kwargs)
 
     # Named like the user's function in Ray's dashboard and errors; not
     # functools.wraps, whose __wrapped__ would make Ray check our arguments
@@ -43,6 +62,8 @@ def _traced_remote(remote_fn: Any) -> Any:
     options = dict(getattr(remote_fn, "_default_options", {}) or {})
     options.pop("num_returns", None)
     traced_remote = ray.remote(**options)(traced) if options else ray.remote(traced)
+    if len(_TRACED) >= _MAX_TRACED:
+        _TRACED.clear()
     _TRACED[key] = (remote_fn, traced_remote)
     return traced_remote
 
@@ -87,9 +108,9 @@ class RayRunnableFunctionWrapper:
         n = int(self.options_.get("num_returns", _default_num_returns(self.f)))
         if ctx is None or not isinstance(n, int) or n < 1:
             return _with_options(self.f, self.options_).remote(*args, **kwargs)
-        traced = _traced_remote(self.f)
+        traced = _traced_remote(self.f, ctx, n)
         refs = _with_options(traced, {**self.options_, "num_returns": n + 1}).remote(
-            ctx.to_wire(), n, *args, **kwargs
+            ctx.task_id, *args, **kwargs
         )
         tracer.register_metrics_ref(self.task_id, refs[-1])
         return refs[0] if n == 1 else refs[:-1]
