@@ -62,6 +62,7 @@ from tracer.format._wire import (
     TYPE_END,
     TYPE_INSTANT,
     UINT64_MAX,
+    VARINT_CONT14,
     VARINT_TABLE,
     field_bytes,
     field_double,
@@ -131,8 +132,7 @@ MAX_ARG_DEPTH = 32
 # ``d >> 7``, which is a VARINT_TABLE entry since 2**7 <= d >> 7 < 2**14).
 _VT = VARINT_TABLE
 _DOUBLE = struct.Struct("<d")
-#: The low 14 bits of a longer varint: two bytes, both with the continuation bit.
-_VARINT_CONT2: list[bytes] = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14)]
+_VARINT_CONT2 = VARINT_CONT14  # the low 14 bits of a longer varint
 
 
 class _Row(Protocol):
@@ -806,14 +806,18 @@ class TraceWriter:
     def _emit(self, ts: int, body: bytes) -> None:
         """Frame and buffer one timestamped packet (delta, or absolute when late)."""
         delta = ts - self._last
-        if delta >= 0:
+        if 0 <= delta < 16384:
+            self._last = ts
+            inner = b"\x40" + _VT[delta] + body
+        elif delta >= 0:
             self._last = ts
             inner = b"\x40" + varint(delta) + body
         else:
             if ts < 0:
                 raise InvalidArgumentError(f"timestamp {ts} is negative")
             inner = b"\x40" + varint(ts) + _ABSOLUTE_CLOCK + body
-        self._buf += b"\x0a" + varint(len(inner)) + inner
+        n = len(inner)
+        self._buf += b"\x0a" + (_VT[n] if n < 16384 else varint(n)) + inner
 
     def _event(
         self,
