@@ -43,9 +43,9 @@ from typing import Any
 import ray
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
+from tracer.cli.memory import memory_report
 from tracer.format import TraceWriter, read_trace
 from tracer.ray import layout as L
-from tracer.ray.memory_report import memory_report
 from tracer.runner import Pipeline, Stage
 
 TARGET_MOCK_RATIO = 1.5
@@ -193,7 +193,7 @@ def main() -> int:
                         statistics.median(mock[2])))
         level2_trace = folder / "mock-2.perfetto-trace"
         model = read_trace(level2_trace)
-        report = memory_report(model)
+        report = memory_report(level2_trace)
         total, values = counter_bytes(level2_trace)
         executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
         costs = [

@@ -13,8 +13,9 @@ input (``memory=``, a common rule of thumb), which is far too little for
 "inflate". At tracing level 1 (the default) every task's execution slice shows
 its worker's RSS peak next to its requested memory; at level 2 memray measures
 each task's real heap peak, and the tasks whose peak exceeds their request are
-flagged (``over_request``). At the end the script prints a per-stage table of
-requested vs actual memory, computed from the trace.
+flagged (``over_request``). At the end the script prints what ``tracer memory``
+prints for the trace (``tracer.cli.memory.memory_report``): requested vs actual
+memory per stage and per node, and the tasks over their request.
 
 It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
 (2 CPUs, an object store sized for the data). The trace goes to
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from tracer.ray.memory_report import memory_report
+from tracer.cli.memory import memory_report
 from tracer.runner import Pipeline, Stage
 
 ROW_BYTES = 64

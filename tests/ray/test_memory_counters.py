@@ -12,7 +12,6 @@ from tracer.format import TraceWriter, read_trace
 from tracer.format.writer import CounterTrack
 from tracer.ray import layout as L
 from tracer.ray.memory import downsample
-from tracer.ray.memory_report import format_bytes, memory_by_stage, memory_report
 from tracer.ray.memory_trace import MemoryTrace, kib
 
 T0 = 1_700_000_000_000_000_000
@@ -216,33 +215,3 @@ def test_execution_memory_args_and_flag(tmp_path: Path) -> None:
     assert L.ARG_HEAP_PEAK not in args
     w.close()
 
-
-def test_memory_report_from_a_trace(tmp_path: Path) -> None:
-    path = tmp_path / "r.pftrace"
-    w = _writer(path)
-    loop = w.thread_track(1, 1, "loop")
-    w.begin(loop, L.SLICE_EXECUTION, T0, category=L.CAT_SCHEDULER, args={"tracing_level": 2})
-    stage_track = w.track("0: inflate")
-    w.complete(stage_track, "inflate", T0, T0 + 9, category=L.CAT_STAGE, args={"stage_id": 0})
-    worker = w.thread_track(2, 3, "worker")
-    for i, peak in enumerate([20 * MIB, 22 * MIB, 3 * MIB]):
-        args = {L.ARG_MEMORY_REQUESTED: 4 * MIB, L.ARG_MEMORY_PEAK: peak}
-        if peak > 4 * MIB:
-            args[L.ARG_OVER_REQUEST] = True
-        w.complete(worker, "inflate", T0 + i * 3, T0 + i * 3 + 2, category=L.CAT_EXECUTION,
-                   args=args)
-    w.complete(worker, "deflate", T0 + 10, T0 + 11, category=L.CAT_EXECUTION,
-               args={L.ARG_MEMORY_REQUESTED: 0, L.ARG_MEMORY_PEAK: MIB})
-    w.end(loop, T0 + 20)
-    w.close()
-    rows = memory_by_stage(read_trace(path))
-    assert [(r.stage, r.tasks, r.over_request, r.without_request) for r in rows] == [
-        ("inflate", 3, 2, 0), ("deflate", 1, 0, 1)
-    ]
-    assert rows[0].peak == (3 * MIB, 20 * MIB, 22 * MIB)
-    assert rows[0].requested == (4 * MIB, 4 * MIB, 4 * MIB)
-    text = memory_report(path)
-    assert "heap peak, memray" in text
-    assert "3.0 MiB / 20.0 MiB / 22.0 MiB" in text and "2 of 3" in text
-    assert "no request" in text
-    assert format_bytes(512) == "512 B" and format_bytes(3 << 30) == "3.0 GiB"

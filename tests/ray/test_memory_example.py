@@ -31,11 +31,15 @@ def test_inflate_peak_far_above_its_request(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
 
-    # The table printed at the end, computed from the trace.
-    assert "memory per stage (actual = heap peak, memray)" in out, out
-    inflate = re.search(r"^inflate\s+3\s+.*\s3 of 3$", out, re.MULTILINE)
-    deflate = re.search(r"^deflate\s+3\s+.*\s0 of 3$", out, re.MULTILINE)
+    # The tables printed at the end: `tracer memory`'s, computed from the trace.
+    assert "peak = memray's heap peak of the task (level 2" in out, out
+    # id, stage, tasks, measured, requested, peak p50, peak max, then over request.
+    inflate = re.search(r"^\s*0\s+inflate\s+3\s+3\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+3\s", out,
+                        re.MULTILINE)
+    deflate = re.search(r"^\s*1\s+deflate\s+3\s+3\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+0\s", out,
+                        re.MULTILINE)
     assert inflate and deflate, out
+    assert "Tasks over their memory request, or killed for memory: 3" in out, out
 
     model = read_trace(path)
     assert not model.problems, [str(p) for p in model.problems]

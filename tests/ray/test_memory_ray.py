@@ -20,10 +20,12 @@ import ray
 from memory_checks import DecodedCounters, decode_counters
 from ray_trace_checks import RunnerTrace, check_runner_trace
 
+from tracer.cli._output import Style, fmt_bytes
+from tracer.cli.memory import memory_report
 from tracer.format import Slice, TraceWriter
+from tracer.query import TraceQuery, records
 from tracer.ray import collect_ray_task_metrics
 from tracer.ray import layout as L
-from tracer.ray.memory_report import memory_by_stage
 from tracer.ray.memory_trace import TIME_UNIT_NS
 from tracer.runner import Pipeline, Stage
 
@@ -167,9 +169,32 @@ def test_stage_summaries(rt: RunnerTrace) -> None:
         assert stage.args[L.ARG_MEMORY_REQUESTED] == summary
         over = PARTITIONS if stage.name in ("inflate", "batched map") else 0
         assert stage.args[L.ARG_TASKS_OVER_REQUEST] == over
-    rows = {r.stage: r for r in memory_by_stage(rt.model)}
+
+
+
+PLAIN = Style(rich=False, color=False)
+
+
+def test_memory_by_stage_and_the_report_agree(run: dict[str, Any], rt: RunnerTrace) -> None:
+    """The query layer's per-stage memory, and the text report scripts print (the CLI's)."""
+    with TraceQuery(run["path"]) as q:
+        rows = {r["stage"]: r for r in records(q.memory_by_stage())}
     assert list(rows) == [s.name for s in STAGES]
-    assert rows["inflate"].over_request == PARTITIONS and rows["deflate"].without_request == 4
+    assert rows["inflate"]["over_request"] == PARTITIONS
+    assert rows["deflate"]["no_request"] == PARTITIONS
+    for name, row in rows.items():
+        peaks = sorted(e.args[L.ARG_MEMORY_PEAK] for e in _executions(rt, name))
+        assert row["tasks"] == row["measured"] == PARTITIONS
+        assert row["peak_max_bytes"] == peaks[-1]
+        assert row["peak_p50_bytes"] == peaks[(len(peaks) + 1) // 2 - 1]  # nearest rank
+    text = memory_report(run["path"])
+    assert "memray's heap peak" in text
+    table = text.split("Requested vs actual, by stage")[1].split("By node")[0]
+    for name, row in rows.items():
+        line = next(line for line in table.splitlines() if f" {name} " in f" {line} ")
+        assert fmt_bytes(row["peak_max_bytes"], PLAIN) in line, line
+    flagged = text.split("Tasks over their memory request")[1]
+    assert flagged.count("inflate") == PARTITIONS
 
 
 def test_worker_heap_and_rss_counters(rt: RunnerTrace, counters: DecodedCounters) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -16,7 +17,7 @@ from tracer.cli._output import (
     print_json,
     render_table,
 )
-from tracer.query import records
+from tracer.query import QueryConfig, TraceQuery, records
 
 HELP = "requested vs actual memory per stage and node, and the tasks over their request"
 
@@ -44,31 +45,48 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with open_query(args) as q:
-        info = q.run_info()
-        by_stage = q.memory_by_stage()
-        by_node = q.memory_by_node()
-        flagged = q.memory_flagged()
-        engine = q.engine
-    if args.json:
-        print_json(
-            {
-                "trace": str(args.trace),
-                "engine": engine,
-                "run": info,
-                "by_stage": records(by_stage),
-                "by_node": records(by_node),
-                "flagged": records(flagged),
-            }
-        )
-        return 0
-    style = Style.for_stream(sys.stdout)
+        if args.json:
+            print_json(
+                {
+                    "trace": str(args.trace),
+                    "engine": q.engine,
+                    "run": q.run_info(),
+                    "by_stage": records(q.memory_by_stage()),
+                    "by_node": records(q.memory_by_node()),
+                    "flagged": records(q.memory_flagged()),
+                }
+            )
+            return 0
+        print(_render(q, str(args.trace), Style.for_stream(sys.stdout), args.limit))
+    return 0
+
+
+def memory_report(
+    trace: str | os.PathLike[str], *, limit: int = 20, config: QueryConfig | None = None
+) -> str:
+    """What ``tracer memory TRACE`` prints, as plain text, for scripts and examples.
+
+    The same tables from the same analyses (:meth:`TraceQuery.memory_by_stage`
+    and friends), so a script's report and the command's never disagree.
+    ``limit`` caps the flagged tasks listed (0: all).
+    """
+    with TraceQuery(trace, config) as q:
+        return _render(q, str(trace), Style(rich=False, color=False), limit)
+
+
+def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
+    info = q.run_info()
+    by_stage = q.memory_by_stage()
+    by_node = q.memory_by_node()
+    flagged = q.memory_flagged()
+    engine = q.engine
     level = info.get("tracing_level")
     measured = {
         1: "peak = the worker's RSS peak (level 1; includes the worker's own ~100 MiB)",
         2: "peak = memray's heap peak of the task (level 2; RSS where memray was unavailable)",
     }.get(level if isinstance(level, int) else -1, "peak = the measured peak")
     parts = [
-        style.bold(f"Trace {args.trace}") + "  " + style.dim(f"{measured}; engine {engine}"),
+        style.bold(f"Trace {trace}") + "  " + style.dim(f"{measured}; engine {engine}"),
         render_table(
             "Requested vs actual, by stage",
             [
@@ -104,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         ),
     ]
     rows = records(flagged)
-    shown = rows if args.limit <= 0 else rows[: args.limit]
+    shown = rows if limit <= 0 else rows[:limit]
     title = f"Tasks over their memory request, or killed for memory: {len(rows)}"
     if len(shown) < len(rows):
         title += f" (the worst {len(shown)}; --limit 0 lists all)"
@@ -129,5 +147,4 @@ def run(args: argparse.Namespace) -> int:
             empty="(none: every measured task stayed within its request)",
         )
     )
-    print("\n\n".join(parts))
-    return 0
+    return "\n\n".join(parts)
