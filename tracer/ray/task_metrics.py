@@ -15,9 +15,12 @@ result to a *sink*:
   fire-and-forget actor call costs the task ~150-300 µs here, and the driver
   drains the actor once per wave.
 
-``benchmarks/bench_channel.py`` measures both; the return channel is the
-default because it is an order of magnitude cheaper per task and cannot lose
-measurements to a dead actor.
+The return channel is the default: a task pays no call for it (one
+fire-and-forget actor call per task costs about as much as the task itself),
+its measurements arrive with the result and cannot be lost to a dead actor.
+Batching the measurements to an actor from a worker thread was measured too
+(benchmarks/README.md, ``bench_runner.py``): no cheaper than the second
+return, and it needs a thread in every worker.
 
 **Attempts.** Ray retries a task whose worker crashed (``max_retries``) or
 that raised with ``retry_exceptions``, transparently: the driver only ever
