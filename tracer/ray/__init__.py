@@ -18,9 +18,10 @@ every call is a no-op.
 from typing import TYPE_CHECKING, Any
 
 from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
+from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.output import default_trace_dir, default_trace_path
 from tracer.ray.resources import ResourceRequest
-from tracer.ray.runner_tracer import AnyRunnerTracer, NullRunnerTracer, RunnerTracer
+from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
 from tracer.ray.session import new_execution_id, ray_tracer
 from tracer.ray.task_metrics import TaskContext, collect_ray_task_metrics
 

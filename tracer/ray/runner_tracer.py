@@ -44,31 +44,37 @@ received) and are written with their true timestamps, which the format layer
 supports. Tracing never breaks the job: the first error writing the trace
 logs one warning and turns the tracer into a no-op.
 
-A :class:`NullRunnerTracer` with the same methods, all doing nothing, is what
-runners get at level 0.
+A :class:`~tracer.ray.null_tracer.NullRunnerTracer` with the same methods,
+all doing nothing, is what runners get at level 0.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
 import os
-import re
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
 from tracer.ray.memory_trace import MemoryTrace
+from tracer.ray.null_tracer import NO_ERRORS, NullRunnerTracer
 from tracer.ray.resources import ResourceRequest
+from tracer.ray.task_errors import (
+    error_args,
+    memory_at_kill,
+    metrics_from_error,
+    root_cause,
+    where_from_error,
+)
 from tracer.ray.task_metrics import Metrics, TaskContext
 
 logger = logging.getLogger("tracer")
@@ -595,7 +601,7 @@ class RunnerTracer:
     def _take_failures(self) -> dict[str, BaseException]:
         """The failures found since the last call (also those found at a wave's end)."""
         if not self._unreported:
-            return _NO_ERRORS
+            return NO_ERRORS
         failures, self._unreported = self._unreported, {}
         return failures
 
@@ -738,13 +744,13 @@ class RunnerTracer:
             try:
                 metrics = ray.get(ref, timeout=_METRICS_TIMEOUT_S)
             except Exception as exc:
-                metrics = _metrics_from_error(exc)
+                metrics = metrics_from_error(exc)
                 if metrics is None:
-                    node_id, pid = _where_from_error(exc)
+                    node_id, pid = where_from_error(exc)
                     if pid:  # it was running: mark the worker where it stopped
                         mark = (
                             self._located(node_id, pid), self.writer.now(),
-                            {L.ARG_TASK_ID: state.task_id, **_error_args(exc)},
+                            {L.ARG_TASK_ID: state.task_id, **error_args(exc)},
                         )
                         if self._metrics_actor is not None:
                             self._cancelled_running[state.task_id] = mark
@@ -763,9 +769,9 @@ class RunnerTracer:
             state = self._tasks.pop(task_id, None)
         # Its measurements come in its error, or never: not through the actor.
         self._actor_tasks.pop(task_id, None)
-        err: dict[str, Any] = dict(_error_args(error))
+        err: dict[str, Any] = dict(error_args(error))
         status = L.STATUS_CANCELLED if err[L.ARG_ERROR_TYPE] in _CANCEL_ERRORS else L.STATUS_FAILED
-        metrics = _metrics_from_error(error)
+        metrics = metrics_from_error(error)
         # A task whose input is a failed task's result never runs: Ray hands it
         # the same error, which carries the upstream task's measurements, or
         # (an OOM kill, a crash, a lost node) wraps the upstream task's error
@@ -773,7 +779,7 @@ class RunnerTracer:
         # upstream, with no execution and no mark on a worker. A task's own
         # system error is not wrapped: two tasks lost with the same node get
         # the same message, and neither is the other's upstream.
-        cause = _root_cause(error)
+        cause = root_cause(error)
         text_key = hash(str(cause))
         upstream = self._failures_seen.get(text_key) if cause is not error else None
         if metrics is not None:
@@ -792,7 +798,7 @@ class RunnerTracer:
         if len(self._failures_seen) < 10_000:
             self._failures_seen[text_key] = task_id
         where: dict[str, Any] = {}
-        node_id, pid = (None, 0) if metrics is not None else _where_from_error(error)
+        node_id, pid = (None, 0) if metrics is not None else where_from_error(error)
         if node_id:
             where[L.ARG_NODE_ID] = node_id
         if pid:
@@ -800,7 +806,7 @@ class RunnerTracer:
         memory: dict[str, Any] = {}
         if state is not None:
             memory[L.ARG_MEMORY_REQUESTED] = int(state.request.memory_bytes or 0)
-        at_kill = _memory_at_kill(error)
+        at_kill = memory_at_kill(error)
         if at_kill:
             memory[L.ARG_MEMORY_AT_KILL] = at_kill
         attempts: dict[str, Any] = {}
@@ -874,7 +880,7 @@ class RunnerTracer:
                 try:
                     metrics = ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S)
                 except Exception as exc:  # the task failed: its error carries them
-                    metrics = _metrics_from_error(exc)
+                    metrics = metrics_from_error(exc)
                     if metrics is None:
                         self._lost(state.task_id, f"{type(exc).__name__}")
                         continue
@@ -1163,7 +1169,7 @@ class RunnerTracer:
         self._memory.settle(None)
         args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self._lost_measurements}
         if error is not None:
-            args.update(_error_args(error))
+            args.update(error_args(error))
         self.writer.end(self._loop, args=args)
 
 
@@ -1215,137 +1221,6 @@ class _Wave:
         tracer._end_wave(metrics)
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-class _NullContext:
-    """A reusable no-op context manager that yields a no-op updater.
-
-    Its ``__enter__`` and ``__exit__`` are C functions, not Python methods:
-    Python's ``with`` calls them without running any bytecode, which halves
-    the block's cost at level 0 (~60 ns instead of ~110 ns for ``with`` on a
-    Python-level no-op). Builtin callables are not descriptors, so as class
-    attributes they are called as they are, without ``self``:
-    ``__enter__()`` returns ``_noop`` (an ``itertools.repeat`` iterator's
-    ``__next__``), and ``__exit__(type, value, tb)`` is ``"".format``, which
-    ignores its arguments and returns ``""``: false, so exceptions propagate.
-    """
-
-    __slots__ = ()
-
-    if TYPE_CHECKING:  # what they are to a type checker: plain methods
-
-        def __enter__(self) -> Callable[..., None]: ...
-
-        def __exit__(self, *exc: object) -> None: ...
-
-    else:
-        __enter__ = itertools.repeat(_noop).__next__
-        __exit__ = "".format
-
-
-_NULL_CONTEXT = _NullContext()
-_NO_ERRORS: dict[str, BaseException] = {}
-
-
-class NullRunnerTracer:
-    """The tracer at level 0: every call does nothing and costs a method call."""
-
-    enabled = False
-    disabled = False
-    level = TracingLevel.OFF
-    trace_path = None
-    execution_id = ""
-
-    def dispatch_wave(self, wave_num: int) -> _NullContext:
-        return _NULL_CONTEXT
-
-    def dispatch_batching(self) -> _NullContext:
-        return _NULL_CONTEXT
-
-    def dispatching(self) -> _NullContext:
-        return _NULL_CONTEXT
-
-    def awaiting(
-        self, num_returns: int | None = None, timeout: float | None = None
-    ) -> _NullContext:
-        return _NULL_CONTEXT
-
-    def get_next_physical_plan(self) -> _NullContext:
-        return _NULL_CONTEXT
-
-    plan_polling = get_next_physical_plan
-
-    def mark_noop_task_start(self) -> None:
-        pass
-
-    def mark_noop_task_end(self) -> None:
-        pass
-
-    def mark_handle_none_task(self) -> None:
-        pass
-
-    def mark_handle_materialized_result(self) -> None:
-        pass
-
-    def mark_handle_task_add_to_batch(self) -> None:
-        pass
-
-    def mark_dispatch_task(self) -> None:
-        pass
-
-    def mark_dispatch_actor_task(self) -> None:
-        pass
-
-    def count_inflight_tasks(self, count: int) -> None:
-        pass
-
-    def task_created(
-        self,
-        task_id: str,
-        stage_id: int,
-        resource_request: Any,
-        instructions: str | None = None,
-        *,
-        stage_name: str | None = None,
-    ) -> None:
-        pass
-
-    def task_dispatched(self, task_id: str) -> None:
-        return None
-
-    def register_metrics_ref(self, task_id: str, ref: Any) -> None:
-        pass
-
-    def task_not_ready(self, task_id: str) -> None:
-        pass
-
-    def task_received_as_ready(self, task_id: str) -> None:
-        pass
-
-    def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
-        return _NO_ERRORS
-
-    def complete_received(self) -> dict[str, BaseException]:
-        return _NO_ERRORS
-
-    def task_failed(self, task_id: str, error: BaseException) -> None:
-        pass
-
-    def task_cancelled(self, task_id: str) -> None:
-        pass
-
-    def stage_done(self, stage_id: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, error: BaseException | None = None) -> None:
-        pass
-
-
 AnyRunnerTracer = RunnerTracer | NullRunnerTracer
 
 
@@ -1380,43 +1255,6 @@ def _summary(values: Iterable[int]) -> dict[str, int]:
     return {"min": vals[0], "median": int(statistics.median(vals)), "max": vals[-1]}
 
 
-def _root_cause(error: BaseException) -> BaseException:
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else error
-
-
-def _error_args(error: BaseException) -> dict[str, str]:
-    cause = _root_cause(error)
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    # A task's own exception (RayTaskError) ends with "Type: message" after its
-    # traceback; Ray's system errors (OOM kill, crashed worker) lead with the
-    # summary, followed by details (the OOM killer's report runs to ~40 lines).
-    message = lines[-1] if lines and cause is not error else " ".join(lines[:1])
-    if _is_oom_kill(error) and len(lines) > 1:
-        reason = next((line for line in lines if line.startswith("OOM kill reason")), "")
-        message = f"{message} {reason}".strip()
-    return {
-        L.ARG_ERROR_TYPE: type(cause).__name__ if cause is not error else type(error).__name__,
-        L.ARG_ERROR: message[:500],
-    }
-
-
-def _is_oom_kill(error: BaseException) -> bool:
-    """Ray's ``OutOfMemoryError``, told by name so importing this module needs no Ray."""
-    return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__)
-
-_KILL_MEMORY_RE = re.compile(r"actual memory used=([0-9.]+)\s*([KMGT]?B)")
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-
-
-def _memory_at_kill(error: BaseException) -> int | None:
-    """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``)."""
-    match = _KILL_MEMORY_RE.search(str(error))
-    if match is None:
-        return None
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
 def _get_each(refs: list[Any]) -> list[Any]:
     """Each ref's value, its error, or None if not ready within the timeout (one wait in all)."""
     import ray
@@ -1438,26 +1276,3 @@ def _get_each(refs: list[Any]) -> list[Any]:
         except Exception as exc:
             values.append(exc)
     return values
-
-
-def _metrics_from_error(error: BaseException) -> Metrics | None:
-    for candidate in (error, getattr(error, "cause", None)):
-        metrics = getattr(candidate, "__tracer_metrics__", None)
-        if isinstance(metrics, dict):
-            return metrics
-    return None
-
-
-_PID_RE = re.compile(r"pid=(\d+)")
-_NODE_RE = re.compile(r"ID: ([0-9a-f]{16,})")
-
-
-def _where_from_error(error: BaseException) -> tuple[str | None, int]:
-    """Node id and worker pid that Ray's error names (OOM kills and crashes say both)."""
-    pid = getattr(error, "pid", None)
-    text = str(error)
-    if not isinstance(pid, int):
-        match = _PID_RE.search(text)
-        pid = int(match.group(1)) if match else 0
-    node = _NODE_RE.search(text)
-    return (node.group(1) if node else None), pid

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from tracer.format import TraceWriter
 from tracer.ray.levels import TracingLevel, resolve_level
+from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.output import default_trace_path
-from tracer.ray.runner_tracer import AnyRunnerTracer, NullRunnerTracer, RunnerTracer
+from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
 
 logger = logging.getLogger("tracer")
 
