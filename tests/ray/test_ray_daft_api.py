@@ -156,3 +156,40 @@ def test_collect_ray_task_metrics_off_without_level(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("TRACER_ENABLE_RAY_TRACING", raising=False)
     with collect_ray_task_metrics("none", "t0", 0) as metrics:
         assert metrics is None
+
+
+@ray.remote(num_returns=2)
+def split_pair(x: int) -> tuple[int, int]:
+    return x, -x
+
+
+def test_traced_calls_with_several_returns(tmp_path: Path) -> None:
+    """A remote function's own returns come back as they would untraced; its run is measured."""
+    from tracer.format import read_trace
+
+    path = tmp_path / "returns.perfetto-trace"
+    with ray_tracer("returns", level=1, path=path) as tracer:
+        outputs = {}
+        for i, returns in enumerate([None, 3, 1]):
+            task_id = f"r{i}"
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "split")
+            fn = RayFunctionWrapper.wrap(split_pair).with_tracing(tracer, task_id)
+            if returns is None:  # the function's own num_returns=2
+                refs = fn.remote(7)
+            elif returns == 3:
+                refs = RayFunctionWrapper.wrap(triple).with_tracing(tracer, task_id).options(
+                    num_returns=3
+                ).remote(7)
+            else:  # overridden down to one return: the pair as one value
+                refs = fn.options(num_returns=1).remote(7)
+            outputs[task_id] = ray.get(refs)
+            tracer.tasks_received_as_ready([task_id])
+        tracer.stage_done(0)
+    assert outputs == {"r0": [7, -7], "r1": [7, 8, 9], "r2": (7, -7)}
+    executions = [s for s in read_trace(path).slices if s.category == L.CAT_EXECUTION]
+    assert sorted(s.args[L.ARG_TASK_ID] for s in executions) == ["r0", "r1", "r2"]
+
+
+@ray.remote
+def triple(x: int) -> tuple[int, int, int]:
+    return x, x + 1, x + 2
