@@ -57,22 +57,49 @@ def noop(x: int) -> int:
 # ------------------------------------------------------------------- runs
 
 
-def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int]:
-    """Wall seconds of one run of the pipeline, and its trace size (0 when untraced)."""
+#: CPU seconds of one run, by where they were spent (see cpu_now).
+CPU_KINDS = ("driver main thread", "driver process", "all processes")
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all processes spent so far (Linux /proc/stat; nan elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now() -> tuple[float, float, float]:
+    """CPU seconds so far: this thread (the dispatch loop's), this process, the machine.
+
+    Wall time on a small machine is noisy and follows the CPU of every
+    process; these say where level 1's extra time is spent.
+    """
+    t = os.times()
+    return time.thread_time(), t.user + t.system, _machine_busy_s()
+
+
+def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tuple[float, ...]]:
+    """Wall seconds of one run, its trace size (0 when untraced) and CPU seconds (CPU_KINDS)."""
     trace_path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
+    cpu_before = cpu_now()
     start = time.perf_counter()
     results = pipeline.run(tracing_level=level, trace_path=trace_path, progress=False)
     elapsed = time.perf_counter() - start
+    cpu = tuple(b - a for a, b in zip(cpu_before, cpu_now(), strict=True))
     assert results == list(range(tasks))
     size = trace_path.stat().st_size if level else 0
     assert level or not trace_path.exists(), "level 0 wrote a trace"
-    return elapsed, size
+    return elapsed, size, cpu
 
 
 def bench_levels(
     levels: list[int], tasks: int, repeats: int, level2_repeats: int, folder: Path
-) -> tuple[dict[int, list[float]], dict[int, list[int]]]:
+) -> tuple[dict[int, list[float]], dict[int, list[int]], dict[int, list[tuple[float, ...]]]]:
     """Every level once per repetition, in an order rotated each time; medians are taken later.
 
     Level 2 (memray around every task) is ~20x slower, so it runs only in the
@@ -80,6 +107,7 @@ def bench_levels(
     """
     times: dict[int, list[float]] = defaultdict(list)
     sizes: dict[int, list[int]] = defaultdict(list)
+    cpus: dict[int, list[tuple[float, ...]]] = defaultdict(list)
     for level in levels:  # warm-up: workers started, functions exported
         run_once(level, min(tasks, 200), folder / f"warmup-{level}.perfetto-trace")
     for rep in range(repeats):
@@ -88,11 +116,12 @@ def bench_levels(
         for level in order:
             if level >= 2 and rep >= level2_repeats:
                 continue
-            elapsed, size = run_once(level, tasks, folder / f"level{level}.perfetto-trace")
+            elapsed, size, cpu = run_once(level, tasks, folder / f"level{level}.perfetto-trace")
             times[level].append(elapsed)
             sizes[level].append(size)
+            cpus[level].append(cpu)
             print(f"  rep {rep + 1}/{repeats} level {level}: {elapsed:.3f} s", flush=True)
-    return times, sizes
+    return times, sizes, cpus
 
 
 # ------------------------------------------------------------ call costs
@@ -206,7 +235,7 @@ def profile_run(level: int, tasks: int, folder: Path) -> tuple[float, dict[str, 
     undo += _instrument(RayRunnableFunctionWrapper, ["remote"], totals)
     undo += _instrument(TraceWriter, ["flush"], totals)
     try:
-        elapsed, _ = run_once(level, tasks, folder / f"profile{level}.perfetto-trace")
+        elapsed, _, _ = run_once(level, tasks, folder / f"profile{level}.perfetto-trace")
     finally:
         for cls, name, original in undo:
             setattr(cls, name, original)
@@ -393,7 +422,7 @@ def main() -> int:
                 f"\npipeline: {n} no-op tasks in one stage, levels {levels}, "
                 f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs"
             )
-            times, sizes = bench_levels(
+            times, sizes, cpus = bench_levels(
                 levels, n, args.repeats, args.level2_repeats, folder
             )
             base = statistics.median(times[0])
@@ -408,6 +437,16 @@ def main() -> int:
                     f"{max(times[level]):8.3f}s {med / base:6.3f}x {med / n * 1e6:7.0f}us "
                     f"{(med - base) / n * 1e6:9.0f}us"
                 )
+            print("\n  CPU per task, medians (extra over level 0 in brackets):")
+            print(f"  {'level':<6}" + "".join(f" {kind:>26}" for kind in CPU_KINDS))
+            base_cpu = [statistics.median(c[i] for c in cpus[0]) for i in range(len(CPU_KINDS))]
+            for level in levels:
+                cells = []
+                for i in range(len(CPU_KINDS)):
+                    med = statistics.median(c[i] for c in cpus[level]) / n * 1e6
+                    extra = med - base_cpu[i] / n * 1e6
+                    cells.append(f"{med:8.0f}us ({extra:+6.0f}us)")
+                print(f"  {level:<6}" + "".join(f" {cell:>26}" for cell in cells))
             if 1 in levels and not args.no_profile:
                 print("\nwhere level 1's time goes (one timed run per level; inclusive wall time):")
                 t0, p0 = profile_run(0, n, folder)
