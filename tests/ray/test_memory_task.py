@@ -184,3 +184,18 @@ def test_current_rss_follows_this_process_and_a_forked_child() -> None:
         child_base, child_grown, _ = map(int, f.read().split())
     os.waitpid(pid, 0)
     assert child_grown - child_base >= 90 * MIB, (child_base, child_grown)
+
+
+def test_current_rss_survives_its_file_being_closed() -> None:
+    """Someone closing the kept descriptor costs one fallback reading, not every later one."""
+    from tracer.ray import task_metrics
+
+    task_metrics.current_rss()
+    statm = task_metrics._STATM
+    assert statm is not None
+    os.close(statm[1])
+    assert task_metrics.current_rss() > 0  # the fallback: peak RSS
+    block = bytearray(os.urandom(1)) * (100 * MIB)
+    grown = task_metrics.current_rss()  # reopened: the current RSS again
+    del block
+    assert task_metrics.current_rss() < grown - 50 * MIB

@@ -103,6 +103,7 @@ def current_rss() -> int:
             _STATM = statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
         return int(os.pread(statm[1], 64, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
+        _STATM = None  # reopened next time (the descriptor may have been closed under us)
         return peak_rss()
 
 
