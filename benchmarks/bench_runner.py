@@ -4,6 +4,7 @@ Run by hand (it is not a test), from the project root:
 
     .venv/bin/python benchmarks/bench_runner.py                  # ~1-2 min on 2 cores
     .venv/bin/python benchmarks/bench_runner.py --tasks 500 --repeats 3 --levels 0,1
+    .venv/bin/python benchmarks/bench_runner.py --task-ms 10 --tasks 500 --levels 0,1
 
 It starts a local Ray (``--num-cpus``, default all cores) and runs
 ``tracer.runner.Pipeline`` on ``--tasks`` trivial tasks (one stage, a no-op
@@ -27,6 +28,7 @@ It prints PASS/FAIL per target and exits 1 when one fails.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -52,6 +54,24 @@ TARGET_BYTES_PER_TASK = 200.0
 
 def noop(x: int) -> int:
     return x
+
+
+def busy(x: int, ms: float) -> int:
+    """A task that computes for ``ms`` milliseconds (a CPU-bound UDF of that length)."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+    return x
+
+
+#: Milliseconds each task computes (--task-ms); 0: the no-op tasks of the targets.
+TASK_MS = [0.0]
+
+
+def _stage() -> Stage:
+    if TASK_MS[0] > 0:
+        return Stage("noop", functools.partial(busy, ms=TASK_MS[0]))
+    return Stage("noop", noop)
 
 
 # ------------------------------------------------------------------- runs
@@ -85,7 +105,7 @@ def cpu_now() -> tuple[float, float, float]:
 def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tuple[float, ...]]:
     """Wall seconds of one run, its trace size (0 when untraced) and CPU seconds (CPU_KINDS)."""
     trace_path.unlink(missing_ok=True)
-    pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
+    pipeline = Pipeline(list(range(tasks)), [_stage()])
     cpu_before = cpu_now()
     start = time.perf_counter()
     results = pipeline.run(tracing_level=level, trace_path=trace_path, progress=False)
@@ -377,11 +397,19 @@ def main() -> int:
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--calls", type=int, default=200_000, help="timeit calls per repeat")
     parser.add_argument(
+        "--task-ms", type=float, default=0.0,
+        help="each task computes this long (ms) instead of doing nothing: what tracing costs "
+        "real tasks (the wall-time target is for no-op tasks)",
+    )
+    parser.add_argument(
         "--no-profile", action="store_true",
         help="skip the timed run that splits level 1's extra time by tracer method",
     )
     args = parser.parse_args()
     levels = sorted({int(x) for x in args.levels.split(",")})
+    if args.task_ms < 0:
+        parser.error("--task-ms must be >= 0")
+    TASK_MS[0] = args.task_ms
     if 0 not in levels:
         parser.error("--levels must include 0 (the baseline)")
     os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
@@ -418,8 +446,9 @@ def main() -> int:
             log_to_driver=False,
         )
         try:
+            what = f"{args.task_ms:g} ms tasks" if args.task_ms else "no-op tasks"
             print(
-                f"\npipeline: {n} no-op tasks in one stage, levels {levels}, "
+                f"\npipeline: {n} {what} in one stage, levels {levels}, "
                 f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs"
             )
             times, sizes, cpus = bench_levels(
@@ -480,7 +509,8 @@ def main() -> int:
         if 1 in levels:
             ratio = statistics.median(times[1]) / base
             results.append(
-                ("level 1 wall time", ratio <= TARGET_RATIO,
+                ("level 1 wall time" + (f" ({args.task_ms:g} ms tasks)" if args.task_ms else ""),
+                 ratio <= TARGET_RATIO,
                  f"{ratio:.3f}x level 0 (target <= {TARGET_RATIO:.2f}x)")
             )
             size = statistics.median(sizes[1])
