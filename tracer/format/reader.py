@@ -530,13 +530,14 @@ class _Reader:
         """Cache what ``packet`` decoded to, if it is simple enough (see _Template)."""
         if packet.timestamp != raw or packet.WhichOneof("data") != "track_event":
             return
-        if _parse_packet(key).HasField("timestamp"):
-            return  # a second timestamp field (the last one wins) would not be replayed
-        if any(f.name not in _SIMPLE_PACKET_FIELDS for f, _ in packet.ListFields()):
-            return
+        # Cheapest checks first: most packets that fail have args (not cacheable).
         event = packet.track_event
         if any(f.name not in _SIMPLE_EVENT_FIELDS for f, _ in event.ListFields()):
             return
+        if any(f.name not in _SIMPLE_PACKET_FIELDS for f, _ in packet.ListFields()):
+            return
+        if _parse_packet(key).HasField("timestamp"):
+            return  # a second timestamp field (the last one wins) would not be replayed
         seq_id = packet.trusted_packet_sequence_id
         seq = self.sequences[seq_id]
         clock = packet.timestamp_clock_id or seq.clock_default
