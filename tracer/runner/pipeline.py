@@ -53,6 +53,9 @@ class Stage:
     memory_bytes: int | None = None
     max_retries: int | None = None
     retry_exceptions: bool | Sequence[type[BaseException]] = False
+    _resource_request: ResourceRequest = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.retry_exceptions, bool):  # a tuple: the stage stays hashable
@@ -61,11 +64,13 @@ class Stage:
             raise TypeError(f"stage {self.name!r}: fn must be callable, got {self.fn!r}")
         if not self.name:
             raise ValueError("a stage needs a name")
-        ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)  # validates
+        # Validated, and built once: the dispatch loop hands it to the tracer for every task.
+        request = ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)
+        object.__setattr__(self, "_resource_request", request)
 
     @property
     def resource_request(self) -> ResourceRequest:
-        return ResourceRequest(self.num_cpus, self.num_gpus, self.memory_bytes)
+        return self._resource_request
 
 
     @property
