@@ -1197,19 +1197,7 @@ class _Reader:
                     entry[6].update(args)
                 entry[7].extend(out)
                 entry[8].extend(into)
-                built[slice_id] = Slice(
-                    slice_id,
-                    uuid,
-                    entry[2],
-                    entry[3],
-                    entry[1],
-                    ts - entry[1],
-                    entry[4],
-                    entry[5],
-                    entry[6],
-                    tuple(entry[7]),
-                    tuple(entry[8]),
-                )
+                built[slice_id] = _slice_of(entry, uuid, ts - entry[1])
             else:
                 slice_id = len(built)
                 built.append(
@@ -1245,19 +1233,7 @@ class _Reader:
         for uuid, stack in stacks.items():
             for entry in stack:
                 slice_id = entry[0]
-                built[slice_id] = Slice(
-                    slice_id,
-                    uuid,
-                    entry[2],
-                    entry[3],
-                    entry[1],
-                    None,
-                    entry[4],
-                    entry[5],
-                    entry[6],
-                    tuple(entry[7]),
-                    tuple(entry[8]),
-                )
+                built[slice_id] = _slice_of(entry, uuid, None)
                 self.problem(
                     "unterminated_slice",
                     f"slice {entry[2]!r} on track {uuid} ({tracks[uuid].name!r}) never ends "
@@ -1362,3 +1338,11 @@ def _sniff(data: bytes) -> str:
     if all(32 <= b < 127 or b in (9, 10, 13) for b in sample):
         return f"it looks like text: {sample[:32].decode('ascii', 'replace')!r}"
     return f"it starts with bytes {data[:8].hex(' ')}, not a TracePacket record (0a)"
+
+
+def _slice_of(entry: list[Any], uuid: int, dur: int | None) -> Slice:
+    """The Slice of an open-slice entry of parse_events (dur None: it never ended)."""
+    return Slice(
+        entry[0], uuid, entry[2], entry[3], entry[1], dur, entry[4], entry[5], entry[6],
+        tuple(entry[7]), tuple(entry[8]),
+    )
