@@ -220,7 +220,8 @@ class _Template:
 
     The writer repeats byte-identical packets (same track, name, category; only
     the timestamp differs), so the reader caches their decoding by the bytes
-    after the leading timestamp field. It is reused only on the same sequence
+    around the timestamp field (the packet's last field, or its first in
+    traces from earlier versions). It is reused only on the same sequence
     generation: interned tables only grow (a redefinition is ignored), so a
     lookup that succeeded once gives the same answer until the next clear.
     """
@@ -435,8 +436,9 @@ class _Reader:
                 self.where = (self.packet_index, file_offset, start)
             else:
                 self.where = (self.packet_index, start, None)
-            # The fast path: a packet whose bytes after its leading timestamp
-            # field were seen before (see _Template).
+            # The fast path: a packet whose bytes apart from its timestamp
+            # field were seen before (see _Template). The writer puts the
+            # timestamp last; traces from before it did put it first.
             key = None
             raw = 0
             if length > 2 and data[q] == 0x40:
@@ -450,6 +452,21 @@ class _Reader:
                         key = data[j:stop]
                         break
                     shift += 7
+            elif length > 3 and (last := data[stop - 1]) < 0x80:
+                # Back over the varint's continuation bytes to its tag (1-3
+                # bytes, a gap under 2 ms, unrolled: this runs for every packet).
+                byte = data[stop - 2]
+                if byte == 0x40:
+                    raw = last
+                    key = data[q : stop - 2]
+                elif byte >= 0x80:
+                    raw = (last << 7) | (byte & 0x7F)
+                    j = stop - 3
+                    while j > q and data[j] >= 0x80 and stop - j <= 10:
+                        raw = (raw << 7) | (data[j] & 0x7F)
+                        j -= 1
+                    if data[j] == 0x40:
+                        key = data[q:j]
             if key is not None:
                 template = self.templates.get(key)
                 if template is not None and template.generation == template.seq.generation:
@@ -482,8 +499,9 @@ class _Reader:
         self.model.truncated = True
 
     def record(self, record: bytes, first: bool, key: bytes | None, raw: int) -> None:
-        """Decode and tokenize one record; ``key`` and ``raw`` are its bytes after
-        a leading timestamp field and that timestamp (key None if it has none)."""
+        """Decode and tokenize one record; ``key`` and ``raw`` are its bytes apart
+        from a leading or trailing timestamp field and that timestamp (key None
+        if it has neither)."""
         try:
             packet = _parse_packet(record)
         except DecodeError as exc:
