@@ -23,7 +23,8 @@ Why it looks the way it does:
   delta chain alone.
 
 Timestamps are nanoseconds in the domain of ``clock`` (``time.time_ns`` by
-default, the one clock that all the nodes of a cluster share).
+default, the one clock that all the nodes of a cluster share), recorded at a
+resolution of ``time_unit_ns`` (1 ns by default).
 
 The writer is not thread-safe: serialise calls from several threads yourself
 (the Ray layer does).
@@ -110,6 +111,8 @@ DEFAULT_INTERN_LIMIT = 65536
 _BODY_CACHE_LIMIT = 200_000
 #: String annotation values longer than this are never interned.
 _MAX_INTERNED_VALUE_LEN = 256
+#: The coarsest ``time_unit_ns``: one second.
+_MAX_TIME_UNIT_NS = 1_000_000_000
 #: Strings seen once are remembered in a set that is emptied at this size.
 _SEEN_ONCE_LIMIT = 8192
 #: Encoded (name, value) annotations kept for reuse; emptied when full.
@@ -248,7 +251,23 @@ class TraceWriter:
     events on disk at once: they are appended raw and later rewritten as part
     of a bundle, so a file cut at any point reads up to its last complete
     packet either way. ``buffer_size`` bounds the memory held between flushes.
+
+    ``time_unit_ns`` sets the resolution timestamps are recorded at (they are
+    still given in ns, and read back in ns): 1000 records microseconds, as
+    Chrome JSON traces do, and as Perfetto's own SDK can
+    (``timestamp_unit_multiplier``). The deltas between events then take
+    fewer bytes: ~8% smaller files, ~25% smaller with ``compress=True``.
+    Each timestamp is rounded down to a multiple of the unit, so two events
+    less than a unit apart may share one, and a slice shorter than a unit may
+    have no duration.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TraceWriter:
+        # Timestamps in coarser units are converted where they enter, in a
+        # subclass, so the default (ns) hot path pays nothing for the option.
+        if cls is TraceWriter and kwargs.get("time_unit_ns", 1) != 1:
+            cls = _CoarseTraceWriter
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -260,7 +279,12 @@ class TraceWriter:
         clock: Callable[[], int] = time.time_ns,
         sequence_id: int = 1,
         intern_limit: int = DEFAULT_INTERN_LIMIT,
+        time_unit_ns: int = 1,
     ) -> None:
+        if time_unit_ns.__class__ is not int or not 1 <= time_unit_ns <= _MAX_TIME_UNIT_NS:
+            raise InvalidArgumentError(
+                f"time_unit_ns must be an int in 1..{_MAX_TIME_UNIT_NS}, got {time_unit_ns!r}"
+            )
         if buffer_size < 1024:
             raise InvalidArgumentError(
                 f"buffer_size must be at least 1024 bytes, got {buffer_size}"
@@ -274,7 +298,9 @@ class TraceWriter:
         self._compress = compress
         self._compression_level = compression_level
         self._limit = buffer_size
-        self._clock = clock
+        #: The resolution timestamps are recorded at; the hot path works in these units.
+        self.time_unit_ns = time_unit_ns
+        self._clock = clock if time_unit_ns == 1 else lambda: clock() // time_unit_ns
         self._intern_limit = intern_limit
         self._seq = b"\x50" + varint(sequence_id)
 
@@ -311,20 +337,24 @@ class TraceWriter:
         # with args written before, by (kind, track, name, category): see _fast_event.
         self._heads: dict[tuple[Any, ...], bytes] = {}
 
-        self.start_ts = clock()
-        self._last = self.start_ts
-        self._write_setup_packet(time.time_ns() if clock is not time.time_ns else self.start_ts)
+        start = clock()
+        #: Where the trace's clock starts, in ns (rounded down to ``time_unit_ns``).
+        self.start_ts = start - start % time_unit_ns
+        self._last = start // time_unit_ns  # the delta chain, in units
+        self._write_setup_packet(time.time_ns() if clock is not time.time_ns else start)
 
     # ----------------------------------------------------------------- setup
 
     def _write_setup_packet(self, realtime_ns: int) -> None:
         t0 = self.start_ts
+        clock64 = field_varint(1, _CLOCK_INCREMENTAL) + field_varint(2, self._last)
+        clock64 += field_varint(3, 1)  # is_incremental
+        if self.time_unit_ns != 1:
+            clock64 += field_varint(4, self.time_unit_ns)  # unit_multiplier_ns
         clocks = (
             field_bytes(1, field_varint(1, _CLOCK_BOOTTIME) + field_varint(2, t0))
             + field_bytes(1, field_varint(1, _CLOCK_REALTIME) + field_varint(2, realtime_ns))
-            + field_bytes(
-                1, field_varint(1, _CLOCK_INCREMENTAL) + field_varint(2, t0) + field_varint(3, 1)
-            )
+            + field_bytes(1, clock64)
         )
         defaults = field_varint(58, _CLOCK_INCREMENTAL)
         payload = (
@@ -793,7 +823,7 @@ class TraceWriter:
         else:
             if ts < 0:
                 raise InvalidArgumentError(f"timestamp {ts} is negative")
-            inner = body + _ABSOLUTE_CLOCK + _TS_TAG + varint(ts)
+            inner = body + _ABSOLUTE_CLOCK + _TS_TAG + varint(ts * self.time_unit_ns)
         n = len(inner)
         self._buf += b"\x0a" + (_VT[n] if n < 16384 else varint(n)) + inner
 
@@ -1437,3 +1467,62 @@ def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
             return (key, dict, tuple((k, v.__class__, v) for k, v in items))
     return None
 
+
+
+class _CoarseTraceWriter(TraceWriter):
+    """A :class:`TraceWriter` with ``time_unit_ns`` > 1 (its constructor makes one).
+
+    Timestamps come in as ns and are converted to units where they enter;
+    the base class's hot path and delta chain then work in units, and its
+    clock returns units.
+    """
+
+    def now(self) -> int:
+        return self._clock() * self.time_unit_ns
+
+    def begin(
+        self,
+        track: Track,
+        name: str,
+        ts: int | None = None,
+        *,
+        category: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        flows: Iterable[int] | None = None,
+        terminating_flows: Iterable[int] | None = None,
+    ) -> None:
+        super().begin(
+            track, name, None if ts is None else ts // self.time_unit_ns, category=category,
+            args=args, flows=flows, terminating_flows=terminating_flows,
+        )
+
+    def end(
+        self,
+        track: Track,
+        ts: int | None = None,
+        *,
+        args: Mapping[str, Any] | None = None,
+        flows: Iterable[int] | None = None,
+    ) -> None:
+        super().end(
+            track, None if ts is None else ts // self.time_unit_ns, args=args, flows=flows
+        )
+
+    def instant(
+        self,
+        track: Track,
+        name: str,
+        ts: int | None = None,
+        *,
+        category: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        flows: Iterable[int] | None = None,
+        terminating_flows: Iterable[int] | None = None,
+    ) -> None:
+        super().instant(
+            track, name, None if ts is None else ts // self.time_unit_ns, category=category,
+            args=args, flows=flows, terminating_flows=terminating_flows,
+        )
+
+    def counter(self, track: CounterTrack, value: int | float, ts: int | None = None) -> None:
+        super().counter(track, value, None if ts is None else ts // self.time_unit_ns)
