@@ -5,7 +5,8 @@ from __future__ import annotations
 import zlib
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``data[pos:]`` and the offset after it."""
     value = shift = 0
     while True:
         byte = data[pos]
@@ -22,7 +23,7 @@ def _records(data: bytes) -> list[bytes]:
     pos = 0
     while pos < len(data):
         assert data[pos] == 0x0A, f"not a packet record at {pos}"
-        length, start = _varint(data, pos + 1)
+        length, start = read_varint(data, pos + 1)
         out.append(data[start : start + length])
         pos = start + length
     return out
@@ -34,7 +35,7 @@ def record_starts(data: bytes) -> list[int]:
     pos = 0
     while pos < len(data):
         starts.append(pos)
-        length, start = _varint(data, pos + 1)
+        length, start = read_varint(data, pos + 1)
         pos = start + length
     return starts
 
@@ -61,7 +62,7 @@ def uncompressed(data: bytes) -> bytes:
     out = bytearray()
     for packet in _records(data):
         if packet[:2] == b"\x92\x03":  # a packet holding only compressed_packets (field 50)
-            length, start = _varint(packet, 2)
+            length, start = read_varint(packet, 2)
             assert start + length == len(packet), "a bundle packet with other fields"
             out += zlib.decompress(packet[start : start + length])
         else:

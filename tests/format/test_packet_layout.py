@@ -8,10 +8,10 @@ Traces written before kept it first; they must read the same.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
-from trace_helpers import FakeClock, content, records, trace_bytes
+from trace_bytes import read_varint, uncompressed
+from trace_helpers import FakeClock, content, records, trace_bytes, varint
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.format import TraceWriter, read_trace
@@ -25,15 +25,15 @@ def _fields(payload: bytes) -> list[tuple[int, bytes, bytes]]:
     pos = 0
     while pos < len(payload):
         start = pos
-        tag, pos = _read_varint(payload, pos)
+        tag, pos = read_varint(payload, pos)
         wire = tag & 7
         value_start = pos
         if wire == 0:
-            _, pos = _read_varint(payload, pos)
+            _, pos = read_varint(payload, pos)
         elif wire == 1:
             pos += 8
         elif wire == 2:
-            length, value_start = _read_varint(payload, pos)
+            length, value_start = read_varint(payload, pos)
             pos = value_start + length
         elif wire == 5:
             pos += 4
@@ -41,38 +41,6 @@ def _fields(payload: bytes) -> list[tuple[int, bytes, bytes]]:
             raise AssertionError(f"wire type {wire}")
         out.append((tag >> 3, payload[start:pos], payload[value_start:pos]))
     assert pos == len(payload)
-    return out
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _packets(data: bytes) -> list[bytes]:
-    """Every packet, the ones inside compressed bundles (field 50) included."""
-    out = []
-    for _, payload in records(data):
-        bundles = [value for n, _, value in _fields(payload) if n == 50]
-        if bundles:
-            out += _packets(zlib.decompress(bundles[0]))
-        else:
-            out.append(payload)
     return out
 
 
@@ -127,7 +95,7 @@ def test_every_timestamped_packet_ends_with_its_timestamp(tmp_path: Path) -> Non
         path = tmp_path / f"t{compress}.perfetto-trace"
         _write_everything(path, compress)
         timed = 0
-        for payload in _packets(path.read_bytes()):
+        for _, payload in records(uncompressed(path.read_bytes())):
             numbers = [n for n, _, _ in _fields(payload)]
             if _TIMESTAMP in numbers:
                 timed += 1
@@ -145,7 +113,7 @@ def _timestamp_first(data: bytes) -> bytes:
             f for n, f, _ in fields if n != _TIMESTAMP
         ]
         body = b"".join(ordered)
-        out += b"\x0a" + _varint(len(body)) + body
+        out += b"\x0a" + varint(len(body)) + body
     return bytes(out)
 
 
@@ -167,7 +135,7 @@ def test_repeated_packets_with_two_trailing_timestamp_fields_read_like_protobuf(
     head = _instant_packet() + b"\x40\x07"
 
     def record(last_ts: int) -> bytes:
-        body = head + b"\x40" + _varint(last_ts)
+        body = head + b"\x40" + varint(last_ts)
         return b"\x0a" + bytes([len(body)]) + body
 
     data = _preamble() + record(7) + record(9) + record(20_000)
@@ -179,7 +147,7 @@ def test_repeated_packets_with_a_trailing_timestamp_replay_every_width() -> None
     head = _instant_packet()
     stamps = [5, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 3, 300]
     data = _preamble() + b"".join(
-        b"\x0a" + bytes([len(head) + 1 + len(_varint(ts))]) + head + b"\x40" + _varint(ts)
+        b"\x0a" + bytes([len(head) + 1 + len(varint(ts))]) + head + b"\x40" + varint(ts)
         for ts in stamps
     )
     assert [i.ts for i in read_trace(data, strict=True).instants] == sorted(stamps)

@@ -49,12 +49,12 @@ def record_ends(data: bytes) -> list[int]:
     """The offset just after each complete record."""
     ends = []
     for offset, payload in records(data):
-        header = 1 + len(_varint(len(payload)))
+        header = 1 + len(varint(len(payload)))
         ends.append(offset + header + len(payload))
     return ends
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
