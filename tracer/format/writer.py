@@ -247,7 +247,7 @@ class TraceWriter:
     ...     w.end(loop)
 
     ``compress=True`` bundles packets into zlib ``compressed_packets`` of
-    about ``buffer_size`` (3-4x smaller files). :meth:`flush` still puts
+    about ``buffer_size`` (2.5-5x smaller files). :meth:`flush` still puts
     events on disk at once: they are appended raw and later rewritten as part
     of a bundle, so a file cut at any point reads up to its last complete
     packet either way. ``buffer_size`` bounds the memory held between flushes.
