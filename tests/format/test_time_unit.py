@@ -148,3 +148,25 @@ def test_microseconds_make_a_long_stream_smaller(tmp_path: Path) -> None:
         assert len(read_trace(path, strict=True).slices) == 5000
     assert sizes[1000, False] < 0.95 * sizes[1, False]
     assert sizes[1000, True] < 0.85 * sizes[1, True]
+
+
+def test_a_subclass_of_the_writer_takes_the_unit_too(tmp_path: Path) -> None:
+    begins = []
+
+    class Counting(TraceWriter):
+        def begin(self, *args: Any, **kwargs: Any) -> None:
+            begins.append(args)
+            super().begin(*args, **kwargs)
+
+    path = tmp_path / "t.pftrace"
+    start = START - START % 1000
+    with Counting(path, clock=FakeClock(start), time_unit_ns=1000) as w:
+        assert isinstance(w, Counting) and w.time_unit_ns == 1000
+        track = w.thread_track(1, 2, "t")
+        w.begin(track, "a", start + 5_999)
+        w.end(track, start + 9_000)
+    (a,) = read_trace(path, strict=True).slices
+    assert (a.ts, a.dur) == (start + 5_000, 4_000)
+    assert [args[2] for args in begins] == [start + 5_999]  # the override sees ns
+    with Counting(tmp_path / "again.pftrace", time_unit_ns=1000) as again:
+        assert type(again) is type(w)  # the combined class is made once

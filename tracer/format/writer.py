@@ -265,8 +265,8 @@ class TraceWriter:
     def __new__(cls, *args: Any, **kwargs: Any) -> TraceWriter:
         # Timestamps in coarser units are converted where they enter, in a
         # subclass, so the default (ns) hot path pays nothing for the option.
-        if cls is TraceWriter and kwargs.get("time_unit_ns", 1) != 1:
-            cls = _CoarseTraceWriter
+        if kwargs.get("time_unit_ns", 1) != 1 and not issubclass(cls, _CoarseTraceWriter):
+            cls = _coarse_class(cls)
         return object.__new__(cls)
 
     def __init__(
@@ -1467,6 +1467,23 @@ def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
             return (key, dict, tuple((k, v.__class__, v) for k, v in items))
     return None
 
+
+
+def _coarse_class(cls: type[TraceWriter]) -> type[TraceWriter]:
+    """``cls`` taking ns timestamps into coarser units (a subclass of it, made once)."""
+    if cls is TraceWriter:
+        return _CoarseTraceWriter
+    made = _COARSE_CLASSES.get(cls)
+    if made is None:
+        made = _COARSE_CLASSES[cls] = type(
+            cls.__name__, (cls, _CoarseTraceWriter),  # its methods see ns, as they would
+            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+    return made
+
+
+#: Coarse variants of subclasses of TraceWriter, by subclass.
+_COARSE_CLASSES: dict[type[TraceWriter], type[TraceWriter]] = {}
 
 
 class _CoarseTraceWriter(TraceWriter):
