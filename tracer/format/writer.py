@@ -856,7 +856,9 @@ class TraceWriter:
         tables = (self._names, self._categories, self._arg_names, self._string_values)
         sizes = [len(table) for table in tables]
         try:
-            event = b"\x48" + VARINT_TABLE[kind] + b"\x58" + varint(track.uuid)
+            # Type, name and category, then the track: bytes that repeat across
+            # tracks come first, for zlib (~1% smaller bundles than track first).
+            event = b"\x48" + VARINT_TABLE[kind]
             if name is not None:
                 _check_name(name)
                 iid = self._intern(self._names, name, 2, interned)
@@ -868,6 +870,7 @@ class TraceWriter:
                     )
                 iid = self._intern(self._categories, category, 1, interned)
                 event += b"\x18" + varint(iid) if iid else field_string(22, category)
+            event += b"\x58" + varint(track.uuid)
             head = event
             cacheable = not (args or flows or terminating_flows) and kind != _END
             if flows or terminating_flows:
