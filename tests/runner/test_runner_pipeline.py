@@ -13,6 +13,7 @@ import ray
 from tracer.format.reader import read_trace
 from tracer.ray import layout as L
 from tracer.runner import Pipeline, Stage, UnsatisfiableResourcesError
+from tracer.runner.pipeline import _add_note
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -74,6 +75,26 @@ def test_generator_of_factories(tmp_path: Path) -> None:
 def test_plain_values_from_a_generator() -> None:
     values = (i for i in range(4))
     assert Pipeline(values, [Stage("square", _square)]).run(progress=False) == [0, 1, 4, 9]
+
+
+class _NoAddNote(KeyError):
+    """An exception as Python 3.10 makes them: no ``add_note``."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "add_note":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_notes_without_add_note_go_where_add_note_puts_them() -> None:
+    exc = _NoAddNote("no row 3")
+    assert not hasattr(exc, "add_note")
+    _add_note(exc, "in stage 'explode', partition 3")
+    _add_note(exc, "second")
+    assert exc.__notes__ == ["in stage 'explode', partition 3", "second"]
+    native = KeyError("no row 3")
+    _add_note(native, "note")
+    assert native.__notes__ == ["note"]
 
 
 @pytest.mark.parametrize("level", [0, 1])

@@ -11,6 +11,7 @@ only the public API of :mod:`tracer.ray`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -110,10 +111,22 @@ def _run_stage(
             data = data()
         return fn(data)
     except Exception as exc:
-        note = f"in stage {stage_name!r}, partition {partition}"
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
+        _add_note(exc, f"in stage {stage_name!r}, partition {partition}")
         raise
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10, which has no ``add_note``, the same
+    ``__notes__`` list it would make (tracebacks print it from 3.11 on)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    with contextlib.suppress(Exception):  # an exception that refuses new attributes
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes
+        notes.append(note)
 
 
 _run_stage_remote = ray.remote(_run_stage)
