@@ -160,6 +160,10 @@ def test_all_allocations_counts_every_allocation_of_the_task() -> None:
     assert "total_allocated" not in m2 and "allocation_count" not in m2
 
 
+# The fork is the point (the child must not read its parent's cached /proc file);
+# the child only reads its RSS and exits, so Python 3.12's warning about forking a
+# threaded process does not apply.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_current_rss_follows_this_process_and_a_forked_child() -> None:
     """The /proc file stays open between reads: each read is fresh, and a child reads its own."""
     from tracer.ray.task_metrics import current_rss
