@@ -6,6 +6,7 @@ in units (``unit_multiplier_ns``), so deltas take fewer bytes.
 
 from __future__ import annotations
 
+import inspect
 import random
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,10 @@ def test_a_subclass_of_the_writer_takes_the_unit_too(tmp_path: Path) -> None:
     assert [args[2] for args in begins] == [start + 5_999]  # the override sees ns
     with Counting(tmp_path / "again.pftrace", time_unit_ns=1000) as again:
         assert type(again) is type(w)  # the combined class is made once
+
+
+def test_the_constructor_keeps_its_signature() -> None:
+    """Help and IDEs show the real parameters, not ``*args, **kwargs``."""
+    parameters = inspect.signature(TraceWriter).parameters
+    assert "time_unit_ns" in parameters and "compress" in parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in parameters.values())

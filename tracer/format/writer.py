@@ -262,13 +262,6 @@ class TraceWriter:
     have no duration.
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> TraceWriter:
-        # Timestamps in coarser units are converted where they enter, in a
-        # subclass, so the default (ns) hot path pays nothing for the option.
-        if kwargs.get("time_unit_ns", 1) != 1 and not issubclass(cls, _CoarseTraceWriter):
-            cls = _coarse_class(cls)
-        return object.__new__(cls)
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -285,6 +278,10 @@ class TraceWriter:
             raise InvalidArgumentError(
                 f"time_unit_ns must be an int in 1..{_MAX_TIME_UNIT_NS}, got {time_unit_ns!r}"
             )
+        if time_unit_ns != 1 and not isinstance(self, _CoarseTraceWriter):
+            # Timestamps in coarser units are converted where they enter, in a
+            # subclass, so the default (ns) hot path pays nothing for the option.
+            self.__class__ = _coarse_class(type(self))
         if buffer_size < 1024:
             raise InvalidArgumentError(
                 f"buffer_size must be at least 1024 bytes, got {buffer_size}"
@@ -1490,7 +1487,7 @@ _COARSE_CLASSES: dict[type[TraceWriter], type[TraceWriter]] = {}
 
 
 class _CoarseTraceWriter(TraceWriter):
-    """A :class:`TraceWriter` with ``time_unit_ns`` > 1 (its constructor makes one).
+    """A :class:`TraceWriter` with ``time_unit_ns`` > 1 (its constructor turns into one).
 
     Timestamps come in as ns and are converted to units where they enter;
     the base class's hot path and delta chain then work in units, and its
