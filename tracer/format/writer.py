@@ -1468,7 +1468,6 @@ def _arg_cache_key(key: object, value: object) -> tuple[Any, ...] | None:
     return None
 
 
-
 def _coarse_class(cls: type[TraceWriter]) -> type[TraceWriter]:
     """``cls`` taking ns timestamps into coarser units (a subclass of it, made once)."""
     if cls is TraceWriter:
