@@ -75,7 +75,7 @@ from tracer.ray.task_errors import (
     root_cause,
     where_from_error,
 )
-from tracer.ray.task_metrics import Metrics, TaskContext
+from tracer.ray.task_metrics import Metrics, TaskContext, unpack_metrics
 
 logger = logging.getLogger("tracer")
 
@@ -656,8 +656,8 @@ class RunnerTracer:
         for state, value in zip(states, values, strict=True):
             if isinstance(value, BaseException):
                 errors[state.task_id] = value
-            elif isinstance(value, dict):
-                state.metrics = value
+            else:
+                state.metrics = unpack_metrics(value)
         return errors
 
     def _finish_task(self, state: _TaskState, now: int, args: dict[str, Any] | None) -> None:
@@ -742,7 +742,7 @@ class RunnerTracer:
                     self._cancelled.append((state, ref))
                 continue  # at close: still stopping; the task slice says it was cancelled
             try:
-                metrics = ray.get(ref, timeout=_METRICS_TIMEOUT_S)
+                metrics = unpack_metrics(ray.get(ref, timeout=_METRICS_TIMEOUT_S))
             except Exception as exc:
                 metrics = metrics_from_error(exc)
                 if metrics is None:
@@ -878,7 +878,7 @@ class RunnerTracer:
                     self._lost(state.task_id, "measurements did not arrive in time")
                     continue
                 try:
-                    metrics = ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S)
+                    metrics = unpack_metrics(ray.get(state.metrics_ref, timeout=_METRICS_TIMEOUT_S))
                 except Exception as exc:  # the task failed: its error carries them
                     metrics = metrics_from_error(exc)
                     if metrics is None:
@@ -886,6 +886,9 @@ class RunnerTracer:
                         continue
                     if str(metrics.get("task_id")) != state.task_id:
                         continue  # never ran: an upstream task failed (these are its measurements)
+                if metrics is None:
+                    self._lost(state.task_id, "measurements unreadable")
+                    continue
                 self._write_execution(metrics, state)
 
     def _drain_actor(self) -> bool:

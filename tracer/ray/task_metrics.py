@@ -8,8 +8,12 @@ result to a *sink*:
 * the **return channel** (the default, used by :class:`RayFunctionWrapper`):
   the measurements ride back as one extra, small return value of the task.
   Ray inlines small return values into the reply to the owner, so this costs
-  the task no extra round trip: about 10-20 µs of pickling. The driver picks
-  them up when it receives the task as ready.
+  the task no extra round trip. The driver picks them up when it receives the
+  task as ready. They travel as ``bytes`` (:func:`pack_metrics`), not as the
+  dict: Ray hands a ``bytes`` return through untouched, while a dict goes
+  through its pickle path, and ``ray.get`` of a small dict cost the driver
+  ~23 µs where the same measurements as marshal bytes cost ~8 µs plus ~1 µs
+  to unpack (measured on 2000 inlined returns).
 * the **actor channel** (:mod:`tracer.ray.channel`), for tasks that only wrap
   their body in :func:`collect_ray_task_metrics` (the Daft pattern): a
   fire-and-forget actor call costs the task ~150-300 µs here, and the driver
@@ -40,6 +44,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import marshal
 import os
 import resource
 import time
@@ -150,14 +155,61 @@ def _attempt_number() -> int:
     """Ray's attempt number of the running task (0: the first attempt; ~1 µs).
 
     Ray's public runtime context does not have it (Ray 2.60); its core
-    worker does. 0 when it cannot be known.
+    worker does. 0 when it cannot be known. The worker is looked up once per
+    process: the import statement alone cost ~1 µs per task.
     """
+    global _GLOBAL_WORKER
     try:
-        from ray._private.worker import global_worker
+        worker = _GLOBAL_WORKER
+        if worker is None:
+            from ray._private.worker import global_worker
 
-        return int(global_worker.core_worker.get_current_task_attempt_number())
+            worker = _GLOBAL_WORKER = global_worker
+        return int(worker.core_worker.get_current_task_attempt_number())
     except Exception:
         return 0
+
+
+#: Ray's worker object of this process, once :func:`_attempt_number` found it.
+_GLOBAL_WORKER: Any = None
+
+#: Marks measurements packed by :func:`pack_metrics` (and the format's version).
+_PACKED_MAGIC = b"TRM1"
+#: marshal's format 4 reads the same on every Python since 3.4 (Ray's nodes
+#: run one Python version anyway).
+_MARSHAL_VERSION = 4
+
+
+def pack_metrics(metrics: Metrics) -> bytes | Metrics:
+    """The measurements as compact bytes for the return channel.
+
+    marshal covers what measurements hold (str, int, float, bool, None and
+    dicts, lists and tuples of them) at ~2 µs. A body that added anything
+    else (``measure_task`` yields the dict to it) gets its dict sent as it
+    is, which Ray pickles: slower, never lost.
+    """
+    try:
+        return _PACKED_MAGIC + marshal.dumps(metrics, _MARSHAL_VERSION)
+    except (ValueError, TypeError):
+        return metrics
+
+
+def unpack_metrics(value: Any) -> Metrics | None:
+    """The measurements in a return-channel value (:func:`pack_metrics`), or None.
+
+    None for anything that is not measurements (a task whose last return
+    value was not ours, or bytes that do not decode): the task's execution is
+    then missing from the trace, never the run's result.
+    """
+    if isinstance(value, bytes):
+        if not value.startswith(_PACKED_MAGIC):
+            return None
+        try:
+            metrics = marshal.loads(memoryview(value)[len(_PACKED_MAGIC):])
+        except (ValueError, EOFError, TypeError):
+            return None
+        return metrics if isinstance(metrics, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 @contextlib.contextmanager
@@ -272,7 +324,8 @@ def collect_ray_task_metrics(
 def run_traced(
     fn: Callable[..., Any], ctx: TaskContext, num_returns: int, args: Any, kwargs: Any
 ) -> Any:
-    """Run ``fn`` measured, returning its result(s) plus the metrics as a last value.
+    """Run ``fn`` measured, returning its result(s) plus the metrics as a last value
+    (packed: :func:`pack_metrics`).
 
     With a metrics actor, an attempt that raises also sends its measurements
     there: if Ray retries it, that is the only way the driver learns of it.
@@ -284,6 +337,7 @@ def run_traced(
         failure_sink = functools.partial(send_to_metrics_actor, ctx.execution_id)
     with measure_task(ctx, failure_sink=failure_sink) as metrics:
         result = fn(*args, **kwargs)
+    packed = pack_metrics(metrics)
     if num_returns == 1:
-        return result, metrics
-    return (*result, metrics)
+        return result, packed
+    return (*result, packed)
