@@ -88,6 +88,11 @@ def _actor(execution_id: str) -> Any:
     return ray.get_actor(actor_name(execution_id), namespace=NAMESPACE)
 
 
+def _actor_up(execution_id: str) -> None:
+    """Wait until the execution's metrics actor has started (a run does not wait for it)."""
+    ray.get(_actor(execution_id).ready.remote(), timeout=60)
+
+
 def _check_every_task_measured_or_lost(model: TraceModel, num_tasks: int) -> list[str]:
     """Each task has exactly one execution or one lost-measurements instant; returns the lost."""
     executions = executions_by_task(model)
@@ -123,6 +128,7 @@ def test_metrics_actor_killed_mid_run(tmp_path: Path, caplog: pytest.LogCaptureF
 
     start = time.monotonic()
     with ray_tracer("killed-actor", level=1, path=path, metrics_actor=True) as tracer:
+        _actor_up("killed-actor")  # the premise: it worked for the first third
         results, _ = _run(tracer, kill_after_a_third)
     assert results == {f"t{i}": 10 * i for i in range(NUM_TASKS)}
     assert killed_at
@@ -133,6 +139,26 @@ def test_metrics_actor_killed_mid_run(tmp_path: Path, caplog: pytest.LogCaptureF
     # Measured before the kill, lost after it: every task received after the kill at least.
     assert len(lost) >= NUM_TASKS - killed_at[0]
     assert len(lost) < NUM_TASKS
+    (gone,) = instants_named(model, L.INSTANT_METRICS_ACTOR_LOST)
+    assert "ActorDiedError" in gone.args[L.ARG_REASON]
+    warnings = _tracer_warnings(caplog)
+    assert len(warnings) == 1 and "metrics actor" in warnings[0], warnings
+
+
+def test_metrics_actor_killed_before_it_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run does not wait for its actor to start; one that dies starting is lost like
+    one that dies later: the run and the rest of the trace go on."""
+    caplog.set_level(logging.WARNING, logger="tracer")
+    path = tmp_path / "stillborn-actor.perfetto-trace"
+    with ray_tracer("stillborn-actor", level=1, path=path, metrics_actor=True) as tracer:
+        ray.kill(_actor("stillborn-actor"), no_restart=True)
+        results, _ = _run(tracer, lambda _: None)
+    assert results == {f"t{i}": 10 * i for i in range(NUM_TASKS)}
+    model = load_complete(path)
+    lost = _check_every_task_measured_or_lost(model, NUM_TASKS)
+    assert len(lost) == NUM_TASKS  # every report went to the dead actor
     (gone,) = instants_named(model, L.INSTANT_METRICS_ACTOR_LOST)
     assert "ActorDiedError" in gone.args[L.ARG_REASON]
     warnings = _tracer_warnings(caplog)
@@ -156,6 +182,7 @@ def test_metrics_actor_that_hangs_costs_one_timeout(
 
     try:
         with ray_tracer("hung-actor", level=1, path=path, metrics_actor=True) as tracer:
+            _actor_up("hung-actor")  # the premise: it worked for the first third
             results, durations = _run(tracer, stop_after_a_third)
     finally:
         for pid in stopped:

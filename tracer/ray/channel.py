@@ -55,12 +55,16 @@ class MetricsActor:
 
 
 def create_metrics_actor(execution_id: str) -> Any:
-    """Create (driver side) the execution's metrics actor and wait until it is up."""
-    actor = MetricsActor.options(  # type: ignore[attr-defined]
+    """Create (driver side) the execution's metrics actor; returns without waiting for it.
+
+    Its name is registered before this returns, so tasks find it at once and
+    their calls queue until it is up; its process takes ~1-2 s to start,
+    which the run does not wait for (the driver drains it only once it is
+    ready, see :meth:`MetricsActor.ready`).
+    """
+    return MetricsActor.options(  # type: ignore[attr-defined]
         name=actor_name(execution_id), namespace=NAMESPACE, get_if_exists=True
     ).remote()
-    ray.get(actor.ready.remote(), timeout=30)
-    return actor
 
 
 def send_to_metrics_actor(execution_id: str, metrics: dict[str, Any]) -> None:

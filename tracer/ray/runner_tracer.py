@@ -97,6 +97,9 @@ _FETCH_INTERVAL_NS = 200_000_000
 #: is ~1 ms, and after its first failure the actor is not called again.
 _METRICS_TIMEOUT_S = 10.0
 _ACTOR_TIMEOUT_S = 5.0
+#: How long the metrics actor may take to start (a new worker process, ~1-2 s;
+#: the run does not wait for it, only the close does, for what it holds).
+_ACTOR_START_TIMEOUT_S = 30.0
 #: At close, how long to wait for measurements still on their way: through
 #: the metrics actor (a task's fire-and-forget call may land after the runner
 #: received its result), and of cancelled tasks.
@@ -241,6 +244,12 @@ class RunnerTracer:
         self._disabled = False
         self._closed = False
         self._metrics_actor = metrics_actor
+        # The actor's ``ready`` call until it answered: it may still be starting, and
+        # the dispatch loop never waits for that (see _actor_is_ready).
+        self._actor_ready_ref: Any = None
+        self._actor_started_at = time.monotonic()
+        if metrics_actor is not None:
+            self._actor_ready_ref = metrics_actor.ready.remote()
         # The execution has (or had) a metrics actor; why it is gone, once it is.
         self._actor_channel = metrics_actor is not None
         self._actor_lost: str | None = None
@@ -630,8 +639,9 @@ class RunnerTracer:
         if self._metrics_actor is not None and (
             errors or any(s.metrics is not None and s.metrics.get("attempt") for s in fetch)
         ):
-            # Retried or failed tasks: their earlier attempts may be in the actor.
-            self._drain_actor()
+            # Retried or failed tasks: their earlier attempts may be in the actor (or queued
+            # for it, if it is still starting: then this waits for it).
+            self._drain_actor(wait=True)
         for state in states:
             error = errors.get(state.task_id)
             if error is None:
@@ -891,11 +901,47 @@ class RunnerTracer:
                     continue
                 self._write_execution(metrics, state)
 
-    def _drain_actor(self) -> bool:
-        """Write what the metrics actor holds; False if there is no actor (any more)."""
+    def _actor_is_ready(self, wait: bool) -> bool:
+        """Whether the metrics actor is up; ``wait`` for it (until its start timeout).
+
+        False while it starts (it holds nothing then: tasks' calls queue in
+        their workers) or when it failed to start (then it is gone).
+        """
+        ref = self._actor_ready_ref
+        if ref is None:
+            return True
+        import ray
+
+        timeout = (
+            max(0.0, self._actor_started_at + _ACTOR_START_TIMEOUT_S - time.monotonic())
+            if wait else 0.0
+        )
+        ready, _ = ray.wait([ref], timeout=timeout)
+        if not ready:
+            if wait or time.monotonic() - self._actor_started_at >= _ACTOR_START_TIMEOUT_S:
+                self._actor_gone(
+                    f"metrics actor did not start within {_ACTOR_START_TIMEOUT_S:g} s"
+                )
+            return False
+        try:
+            ray.get(ref, timeout=_ACTOR_TIMEOUT_S)
+        except Exception as exc:
+            self._actor_gone(f"metrics actor failed to start ({type(exc).__name__})")
+            return False
+        self._actor_ready_ref = None
+        return True
+
+    def _drain_actor(self, wait: bool = False) -> bool:
+        """Write what the metrics actor holds; False if there is no actor (any more).
+
+        While the actor starts there is nothing to drain: this returns at once
+        unless ``wait`` (the close, which must not lose what it will hold).
+        """
         actor = self._metrics_actor
         if actor is None:
             return False
+        if not self._actor_is_ready(wait):
+            return self._metrics_actor is not None
         import ray
 
         try:
@@ -950,8 +996,16 @@ class RunnerTracer:
 
     def _await_actor_stragglers(self) -> None:
         """At close: measurements of received tasks may still be on their way to the actor."""
+
+        def awaited() -> bool:
+            return bool(self._cancelled_running) or any(
+                s.released for s in self._actor_tasks.values()
+            )
+
+        if awaited():
+            self._drain_actor(wait=True)  # it may still be starting: what it will hold counts
         deadline = time.monotonic() + _CLOSE_GRACE_S
-        while self._cancelled_running or any(s.released for s in self._actor_tasks.values()):
+        while awaited():
             if time.monotonic() >= deadline or not self._drain_actor():
                 break
             time.sleep(0.02)
