@@ -77,6 +77,35 @@ def _slow(x: int) -> int:
     return x
 
 
+def _slow_marked(folder: str, x: int) -> int:
+    """``_slow``, leaving a marker file when it starts (so a test knows it ran)."""
+    with open(os.path.join(folder, f"started-{x}"), "w"):
+        pass
+    return _slow(x)
+
+
+@ray.remote(num_cpus=1)
+def _rendezvous(folder: str, name: str) -> int:
+    """Runs until another ``_rendezvous`` in ``folder`` runs too: two at once, two workers."""
+    open(os.path.join(folder, name), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def _warm_two_workers(folder: Path) -> None:
+    """Two workers that have imported this module.
+
+    A cold worker imports this module, and with it the tracer and the test
+    helpers, before it runs a task of it: seconds on a loaded machine, long
+    enough for a short timeout to cancel tasks that never started.
+    """
+    folder.mkdir()
+    pids = set(ray.get([_rendezvous.remote(str(folder), n) for n in "ab"], timeout=120))
+    assert len(pids) == 2, pids
+
+
 @pytest.fixture
 def markers(tmp_path: Path) -> str:
     """A folder for the tasks' marker files (tasks get it as their first argument)."""
@@ -199,18 +228,25 @@ def test_retries_exhausted_every_attempt_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("retry_exceptions", [False, True], ids=["no-actor", "actor"])
-def test_timeout_cancels_the_tasks_in_flight(tmp_path: Path, retry_exceptions: bool) -> None:
+def test_timeout_cancels_the_tasks_in_flight(
+    tmp_path: Path, markers: str, retry_exceptions: bool
+) -> None:
     """Two tasks running (2 CPUs) when the run times out: cancelled, marked on their workers;
     with a metrics actor (a stage that retries exceptions starts one) their partial
     executions are known too."""
     path = tmp_path / "timeout.perfetto-trace"
-    stage = Stage("slow", _slow, retry_exceptions=retry_exceptions)
+    slow = functools.partial(_slow_marked, markers)
+    stage = Stage("slow", slow, retry_exceptions=retry_exceptions)
+    _warm_two_workers(tmp_path / "warm")
     start = time.monotonic()
     with pytest.raises(PipelineTimeoutError, match="2 task"):
         Pipeline(list(range(6)), [stage]).run(
             tracing_level=1, trace_path=path, progress=False, timeout=1.5
         )
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 10  # the cancel is quick, not the 20 s tasks
+    # The premise: both had started when the run timed out (a task cancelled before it
+    # starts has no worker to be marked on).
+    assert sorted(os.listdir(markers)) == ["started-0", "started-1"], "tasks never started"
     model = load_complete(path)
     tasks = tasks_by_id(model)
     assert sorted(tasks) == ["0-0", "0-1"]  # the others were never created
