@@ -148,8 +148,8 @@ def test_metrics_actor_killed_mid_run(tmp_path: Path, caplog: pytest.LogCaptureF
 def test_metrics_actor_killed_before_it_started(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The run does not wait for its actor to start; one that dies starting is lost like
-    one that dies later: the run and the rest of the trace go on."""
+    """An actor that dies before it started is lost like one that dies later: the run
+    and the rest of the trace go on, and every report sent to it is counted lost."""
     caplog.set_level(logging.WARNING, logger="tracer")
     path = tmp_path / "stillborn-actor.perfetto-trace"
     with ray_tracer("stillborn-actor", level=1, path=path, metrics_actor=True) as tracer:

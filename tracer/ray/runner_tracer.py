@@ -935,7 +935,8 @@ class RunnerTracer:
         """Write what the metrics actor holds; False if there is no actor (any more).
 
         While the actor starts there is nothing to drain: this returns at once
-        unless ``wait`` (the close, which must not lose what it will hold).
+        unless ``wait`` (for reports known to be coming: a retried task's
+        earlier attempts, the stragglers at close).
         """
         actor = self._metrics_actor
         if actor is None:
