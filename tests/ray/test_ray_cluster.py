@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,18 @@ from tracer.runner import Pipeline, Stage
 NUM_PARTITIONS = 6
 
 
-def _sleepy(x: int) -> int:
-    time.sleep(0.15)  # one task per node at a time (1 CPU each): the second goes to the other node
+def _sleepy(folder: str, x: int) -> int:
+    """Holds its node's only CPU until two tasks run at once, so both nodes run one.
+
+    Ray does not promise to spread: the worker the owner already leased takes the
+    next queued task, so short tasks can all run on the head. The timeout only stops
+    a hang; the test then fails on its own assertion.
+    """
+    Path(folder, f"started-{x}").touch()
+    deadline = time.monotonic() + 30
+    while sum(1 for _ in Path(folder).glob("started-*")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
     return x + 1
 
 
@@ -28,7 +39,9 @@ def test_executions_on_both_nodes(ray_cluster: Any, tmp_path: Path) -> None:
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2
     path = tmp_path / "cluster.perfetto-trace"
-    stages = [Stage("sleepy", _sleepy), Stage("where", _where)]
+    folder = tmp_path / "markers"
+    folder.mkdir()
+    stages = [Stage("sleepy", functools.partial(_sleepy, str(folder))), Stage("where", _where)]
     result = Pipeline(list(range(NUM_PARTITIONS)), stages).run(
         tracing_level=1, trace_path=path, progress=False
     )

@@ -39,10 +39,26 @@ def _work(folder: str, x: int) -> int:
     attempt = global_worker.core_worker.get_current_task_attempt_number()
     tag = f"{x}-{attempt}-{node}"
     Path(folder, f"start-{tag}").touch()
+    _until_both_nodes_started(folder)
     for _ in range(10):
         time.sleep(0.05)
     Path(folder, f"end-{tag}").touch()
     return x * 2
+
+
+def _until_both_nodes_started(folder: str, timeout: float = 30.0) -> None:
+    """Hold the task until a task has started on each node.
+
+    Ray does not promise to spread: a worker the owner already leased takes the next
+    queued task, so a short task can leave the other node idle for the whole run. A
+    task held here keeps its node's only CPU, so the next one must go to the other
+    node. The timeout only stops a hang; the test then fails on its own assertion.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len({path.name.rsplit("-", 1)[1] for path in Path(folder).glob("start-*")}) >= 2:
+            return
+        time.sleep(0.01)
 
 
 def _markers(folder: Path, kind: str, node: str) -> dict[int, int]:
@@ -91,9 +107,11 @@ def _run_and_remove(
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60
-    while not _markers(folder, "start", node.node_id) and time.monotonic() < deadline:
+    while (not _markers(folder, "start", node.node_id) and thread.is_alive()
+           and time.monotonic() < deadline):
         time.sleep(0.01)
-    assert _markers(folder, "start", node.node_id), "no task ever ran on the worker node"
+    assert _markers(folder, "start", node.node_id), (
+        f"no task ever ran on the worker node (run ended: {not thread.is_alive()}, {out})")
     cluster.remove_node(node)
     thread.join(120)
     assert not thread.is_alive(), "the run hangs after the node was removed"
