@@ -268,9 +268,13 @@ def worker_side_costs() -> dict[str, float]:
 
     @ray.remote
     def probe() -> dict[str, float]:
-        import ray.cloudpickle as cp
-
-        from tracer.ray.task_metrics import TaskContext, _where, current_rss, measure_task
+        from tracer.ray.task_metrics import (
+            TaskContext,
+            _where,
+            current_rss,
+            measure_task,
+            pack_metrics,
+        )
 
         ctx = TaskContext("e", "0-1", 0, 1)
 
@@ -285,8 +289,9 @@ def worker_side_costs() -> dict[str, float]:
             "measure_task (whole)": _ns_per_call(measured, n) / 1000,
             "  where: runtime context": _ns_per_call(_where, n) / 1000,
             "  current_rss (/proc read)": _ns_per_call(current_rss, n) / 1000,
-            "pickle the metrics (return value)": _ns_per_call(lambda: cp.dumps(metrics), n) / 1000,
-            "metrics pickled size (bytes)": float(len(cp.dumps(metrics))),
+            "pack the metrics (pack_metrics)": _ns_per_call(lambda: pack_metrics(metrics), n)
+            / 1000,
+            "packed metrics size (bytes)": float(len(pack_metrics(metrics))),
         }
 
     return dict(ray.get(probe.remote()))
