@@ -20,6 +20,7 @@ from trace_helpers import FakeClock
 
 import tracer.format.writer as writer_module
 from tracer.errors import (
+    InvalidArgumentTypeError,
     TracerError,
     TraceWriteError,
     TraceWriterClosedError,
@@ -140,6 +141,17 @@ MISUSES: dict[str, tuple[type[Exception], str, Misuse]] = {
                                                     args={"d": _deep(40)})),
     "negative late timestamp": (ValueError, "negative",
                                 lambda w, t: w.begin(t["lane"], "fresh-late", -5)),
+    "begin at a float timestamp": (TypeError, "timestamp must be an int",
+                                   lambda w, t: w.begin(t["lane"], "fresh", T0 + 1.0)),  # type: ignore[arg-type]
+    "late begin at a float timestamp": (TypeError, "timestamp must be an int",
+                                        lambda w, t: w.begin(t["lane"], "x", 5.5)),  # type: ignore[arg-type]
+    "begin with args at a str timestamp": (TypeError, "timestamp must be an int",
+                                           lambda w, t: w.begin(t["lane"], "fresh", "T0",  # type: ignore[arg-type]
+                                                                args={"ok": 1})),
+    "end at a float timestamp": (TypeError, "timestamp must be an int",
+                                 lambda w, t: w.end(t["lane"], T0 + 1.0)),  # type: ignore[arg-type]
+    "counter at a float timestamp": (TypeError, "timestamp must be an int",
+                                     lambda w, t: w.counter(t["counter"], 5, T0 + 1.0)),  # type: ignore[arg-type]
     "complete ends before it starts": (ValueError, "ends",
                                        lambda w, t: w.complete(t["lane"], "c", T0 + 5, T0 + 4)),
     "slice on a counter track": (ValueError, "counter track",
@@ -260,6 +272,44 @@ def test_rejected_events_do_not_change_what_is_interned(tmp_path: Path) -> None:
         ("n1", "c1", {"k1": "v"}), ("n3", None, {})] * 2
     assert [(i.name, i.category, i.args) for i in model.instants] == [
         ("n2", None, {"k2": "v"}), ("n4", "c4", {})] * 2
+
+
+@pytest.mark.parametrize("gap", [1, 200, 20_000, 3_000_000, -5])  # each way a delta is written
+def test_a_timestamp_that_is_not_an_int_writes_nothing_and_moves_no_clock(
+    tmp_path: Path, gap: int
+) -> None:
+    """A float (or numpy float) timestamp on the cached hot path once left half a
+    packet in the buffer (the rest of the file unreadable), or moved the clock so
+    that later events landed at the wrong time."""
+    path = tmp_path / "t.perfetto-trace"
+    with TraceWriter(path, clock=FakeClock(T0)) as w:
+        lane = w.track("lane")
+        counter = w.counter_track("counter")
+        w.begin(lane, "a", T0 + 10_000)  # cached from here on
+        w.end(lane, T0 + 10_001)
+        w.instant(lane, "i", T0 + 10_002)
+        w.counter(counter, 1, T0 + 10_003)
+        bad = float(T0 + 10_003 + gap)
+        for call in (
+            lambda: w.begin(lane, "a", bad),  # type: ignore[arg-type]
+            lambda: w.end(lane, bad),  # type: ignore[arg-type]
+            lambda: w.instant(lane, "i", bad),  # type: ignore[arg-type]
+            lambda: w.counter(counter, 2, bad),  # type: ignore[arg-type]
+            lambda: w.begin(lane, "with args", bad, args={"k": 1}),  # type: ignore[arg-type]
+            lambda: w.begin(lane, "a", str(bad)),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(InvalidArgumentTypeError, match="timestamp must be an int"):
+                call()
+        later = T0 + 10_003 + abs(gap) + 7
+        w.begin(lane, "a", later)
+        w.end(lane, later + 1)
+        w.instant(lane, "i", later + 2)
+        w.counter(counter, 3, later + 3)
+    model = read_trace(path, strict=True)
+    assert [(s.name, s.ts, s.dur) for s in model.slices] == [
+        ("a", T0 + 10_000, 1), ("a", later, 1)]
+    assert [(i.name, i.ts) for i in model.instants] == [("i", T0 + 10_002), ("i", later + 2)]
+    assert [(c.ts, c.value) for c in model.counters] == [(T0 + 10_003, 1), (later + 3, 3)]
 
 
 # ----------------------------------------------------------------- after close

@@ -623,23 +623,29 @@ class TraceWriter:
             return
         if ts is None:
             ts = self._clock()
-        delta = ts - self._last
         buf = self._buf
-        if 16383 < delta < 2097152:
-            buf += frames[2]
-            buf += _VARINT_CONT2[delta & 16383]
-            buf += _VT[delta >> 14]
-            self._last = ts
-        elif 127 < delta < 16384:
-            buf += frames[1]
-            buf += _VT[delta]
-            self._last = ts
-        elif 0 <= delta < 128:
-            buf += frames[0]
-            buf += _VT[delta]
-            self._last = ts
-        else:
-            self._emit(ts, frames[3])
+        try:  # each delta is encoded before anything is buffered: a bad ts writes nothing
+            delta = ts - self._last
+            if 16383 < delta < 2097152:
+                low = _VARINT_CONT2[delta & 16383]
+                buf += frames[2]
+                buf += low
+                buf += _VT[delta >> 14]
+                self._last = ts
+            elif 127 < delta < 16384:
+                encoded_delta = _VT[delta]
+                buf += frames[1]
+                buf += encoded_delta
+                self._last = ts
+            elif 0 <= delta < 128:
+                encoded_delta = _VT[delta]
+                buf += frames[0]
+                buf += encoded_delta
+                self._last = ts
+            else:
+                self._emit(ts, frames[3])
+        except TypeError:
+            raise _timestamp_type_error(ts) from None
         if len(buf) >= self._limit:
             self._flush_buffer()
 
@@ -663,23 +669,29 @@ class TraceWriter:
             raise InvalidArgumentError(f"{track!r} is a counter track: it has no slices to end")
         if ts is None:
             ts = self._clock()
-        delta = ts - self._last
         buf = self._buf
-        if 16383 < delta < 2097152:
-            buf += frames[2]
-            buf += _VARINT_CONT2[delta & 16383]
-            buf += _VT[delta >> 14]
-            self._last = ts
-        elif 127 < delta < 16384:
-            buf += frames[1]
-            buf += _VT[delta]
-            self._last = ts
-        elif 0 <= delta < 128:
-            buf += frames[0]
-            buf += _VT[delta]
-            self._last = ts
-        else:
-            self._emit(ts, frames[3])
+        try:  # each delta is encoded before anything is buffered: a bad ts writes nothing
+            delta = ts - self._last
+            if 16383 < delta < 2097152:
+                low = _VARINT_CONT2[delta & 16383]
+                buf += frames[2]
+                buf += low
+                buf += _VT[delta >> 14]
+                self._last = ts
+            elif 127 < delta < 16384:
+                encoded_delta = _VT[delta]
+                buf += frames[1]
+                buf += encoded_delta
+                self._last = ts
+            elif 0 <= delta < 128:
+                encoded_delta = _VT[delta]
+                buf += frames[0]
+                buf += encoded_delta
+                self._last = ts
+            else:
+                self._emit(ts, frames[3])
+        except TypeError:
+            raise _timestamp_type_error(ts) from None
         if len(buf) >= self._limit:
             self._flush_buffer()
 
@@ -705,23 +717,29 @@ class TraceWriter:
             return
         if ts is None:
             ts = self._clock()
-        delta = ts - self._last
         buf = self._buf
-        if 16383 < delta < 2097152:
-            buf += frames[2]
-            buf += _VARINT_CONT2[delta & 16383]
-            buf += _VT[delta >> 14]
-            self._last = ts
-        elif 127 < delta < 16384:
-            buf += frames[1]
-            buf += _VT[delta]
-            self._last = ts
-        elif 0 <= delta < 128:
-            buf += frames[0]
-            buf += _VT[delta]
-            self._last = ts
-        else:
-            self._emit(ts, frames[3])
+        try:  # each delta is encoded before anything is buffered: a bad ts writes nothing
+            delta = ts - self._last
+            if 16383 < delta < 2097152:
+                low = _VARINT_CONT2[delta & 16383]
+                buf += frames[2]
+                buf += low
+                buf += _VT[delta >> 14]
+                self._last = ts
+            elif 127 < delta < 16384:
+                encoded_delta = _VT[delta]
+                buf += frames[1]
+                buf += encoded_delta
+                self._last = ts
+            elif 0 <= delta < 128:
+                encoded_delta = _VT[delta]
+                buf += frames[0]
+                buf += encoded_delta
+                self._last = ts
+            else:
+                self._emit(ts, frames[3])
+        except TypeError:
+            raise _timestamp_type_error(ts) from None
         if len(buf) >= self._limit:
             self._flush_buffer()
 
@@ -776,51 +794,61 @@ class TraceWriter:
             raise InvalidArgumentTypeError(
                 f"a counter value must be an int or a float, got {type(value).__name__}"
             )
-        if track.dedupe:  # after the checks, so a rejected value is rejected every time
-            if self._counter_last.get(track, _MISSING) == value:
-                return
-            self._counter_last[track] = value
+        dedupe = track.dedupe
+        if dedupe and self._counter_last.get(track, _MISSING) == value:
+            return
         if ts is None:
             ts = self._clock()
-        delta = ts - self._last
         buf = self._buf
-        if 16383 < delta < 2097152:
-            buf += frames[2]
-            buf += encoded
-            buf += _TS_TAG
-            buf += _VARINT_CONT2[delta & 16383]
-            buf += _VT[delta >> 14]
-            self._last = ts
-        elif 127 < delta < 16384:
-            buf += frames[1]
-            buf += encoded
-            buf += _TS_TAG
-            buf += _VT[delta]
-            self._last = ts
-        elif 0 <= delta < 128:
-            buf += frames[0]
-            buf += encoded
-            buf += _TS_TAG
-            buf += _VT[delta]
-            self._last = ts
-        else:
-            self._emit(ts, frames[3] + encoded)
+        try:  # each delta is encoded before anything is buffered: a bad ts writes nothing
+            delta = ts - self._last
+            if 16383 < delta < 2097152:
+                low = _VARINT_CONT2[delta & 16383]
+                buf += frames[2]
+                buf += encoded
+                buf += _TS_TAG
+                buf += low
+                buf += _VT[delta >> 14]
+                self._last = ts
+            elif 127 < delta < 16384:
+                encoded_delta = _VT[delta]
+                buf += frames[1]
+                buf += encoded
+                buf += _TS_TAG
+                buf += encoded_delta
+                self._last = ts
+            elif 0 <= delta < 128:
+                encoded_delta = _VT[delta]
+                buf += frames[0]
+                buf += encoded
+                buf += _TS_TAG
+                buf += encoded_delta
+                self._last = ts
+            else:
+                self._emit(ts, frames[3] + encoded)
+        except TypeError:
+            raise _timestamp_type_error(ts) from None
+        if dedupe:  # once written: a rejected call must not hide the next same value
+            self._counter_last[track] = value
         if len(buf) >= self._limit:
             self._flush_buffer()
 
     def _emit(self, ts: int, body: bytes) -> None:
         """Frame and buffer one timestamped packet (delta, or absolute when late)."""
-        delta = ts - self._last
-        if 0 <= delta < 16384:
-            self._last = ts
-            inner = body + _TS_TAG + _VT[delta]
-        elif delta >= 0:
-            self._last = ts
-            inner = body + _TS_TAG + varint(delta)
-        else:
-            if ts < 0:
-                raise InvalidArgumentError(f"timestamp {ts} is negative")
-            inner = body + _ABSOLUTE_CLOCK + _TS_TAG + varint(ts * self.time_unit_ns)
+        try:  # encoded before any state changes: a bad ts leaves the writer as it was
+            delta = ts - self._last
+            if 0 <= delta < 16384:
+                inner = body + _TS_TAG + _VT[delta]
+                self._last = ts
+            elif delta >= 0:
+                inner = body + _TS_TAG + varint(delta)
+                self._last = ts
+            else:
+                if ts < 0:
+                    raise InvalidArgumentError(f"timestamp {ts} is negative")
+                inner = body + _ABSOLUTE_CLOCK + _TS_TAG + varint(ts * self.time_unit_ns)
+        except TypeError:
+            raise _timestamp_type_error(ts) from None
         n = len(inner)
         self._buf += b"\x0a" + (_VT[n] if n < 16384 else varint(n)) + inner
 
@@ -941,8 +969,8 @@ class TraceWriter:
         forgotten, and the slow path takes the event. The runner's per-task
         events cost about a third of the slow path this way.
         """
-        if ts is not None and ts < 0:
-            return False
+        if ts is not None and (ts.__class__ is not int or ts < 0):
+            return False  # the slow path says what is wrong with it
         event = head
         if flows or terminating_flows:
             event += _flow_fields(flows, terminating_flows)
@@ -1229,6 +1257,18 @@ def _open_for_writing(path: Path) -> Any:
 
 def _len_prefixed(payload: bytes) -> bytes:
     return varint(len(payload)) + payload
+
+
+def _timestamp_type_error(ts: object) -> InvalidArgumentTypeError:
+    """What a timestamp that is not an int gets (a float from a clock, say).
+
+    The hot path does not check types: it finds out when encoding the delta,
+    before anything is buffered or the clock moves, and raises this instead.
+    """
+    return InvalidArgumentTypeError(
+        f"a timestamp must be an int (in the writer's time unit), got "
+        f"{type(ts).__name__} {ts!r}"
+    )
 
 
 def _check_name(name: object) -> None:
