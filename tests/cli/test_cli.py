@@ -162,6 +162,56 @@ def test_memory_as_json(trace: Path) -> None:
     assert data["by_node"][0]["tasks"] == 2 * cli_workloads.PARTITIONS
 
 
+def _runner_like_trace(path: Path, peak: object) -> Path:
+    """One task of a runner-shaped trace whose execution reports ``peak`` as its memory peak."""
+    from tracer.format import TraceWriter
+    from tracer.ray import layout as L
+
+    with TraceWriter(path) as w:
+        w.process_track(1, L.SCHEDULER_PROCESS)
+        loop = w.thread_track(1, 1, "Dispatch loop")
+        lane = w.track(L.TASK_LANE, parent=w.track("Ray tasks"))
+        w.process_track(2, "Node 0 (abc)")
+        worker = w.thread_track(2, 3, "worker 3")
+        t0 = w.now()
+        w.begin(loop, L.SLICE_EXECUTION, t0, category=L.CAT_SCHEDULER,
+                args={"execution_id": "x", "runner": "r", "tracing_level": 2})
+        w.begin(lane, "grow", t0 + 10, category=L.CAT_TASK,
+                args={L.ARG_TASK_ID: "0-0", L.ARG_STAGE_ID: 0,
+                      L.ARG_RESOURCE_REQUEST: {"memory_bytes": 1000}})
+        w.begin(lane, L.SLICE_DISPATCHED, t0 + 20, category=L.CAT_TASK)
+        w.begin(worker, "grow", t0 + 30, category=L.CAT_EXECUTION, args={L.ARG_TASK_ID: "0-0"})
+        w.end(worker, t0 + 40, args={L.ARG_MEMORY_REQUESTED: 1000, L.ARG_MEMORY_PEAK: peak,
+                                     L.ARG_HEAP_PEAK: peak})
+        w.end(lane, t0 + 50)
+        w.end(lane, t0 + 60)
+        w.end(loop, t0 + 70)
+    return path
+
+
+@pytest.mark.parametrize("peak", [float("inf"), float("nan"), "lots", 2**70, True])
+def test_memory_values_that_are_not_byte_amounts_count_as_unmeasured(
+    peak: object, tmp_path: Path
+) -> None:
+    """A trace written elsewhere may hold anything in a memory arg: no traceback, no row."""
+    path = _runner_like_trace(tmp_path / "odd.perfetto-trace", peak)
+    for command in ("memory", "summary"):
+        result = tracer(command, path, "--engine", "reader")
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+    memory = tracer("memory", path, "--json", "--engine", "reader")
+    assert json.loads(memory.stdout)["flagged"] == []
+    assert "(no measured tasks)" in tracer("memory", path, "--engine", "reader").stdout
+
+
+def test_a_float_memory_peak_is_a_byte_amount(tmp_path: Path) -> None:
+    path = _runner_like_trace(tmp_path / "float.perfetto-trace", 1.5e9)
+    result = tracer("memory", path, "--json", "--engine", "reader")
+    assert result.returncode == 0, result.stderr
+    (flagged,) = json.loads(result.stdout)["flagged"]
+    assert flagged["peak_bytes"] == 1_500_000_000
+
+
 def test_memory_limit(trace: Path) -> None:
     result = tracer("memory", trace, "--limit", "1")
     assert result.returncode == 0, result.stderr

@@ -8,6 +8,7 @@ bytes stay exact), fractions as ``float64`` (NaN when undefined) and text as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -141,13 +142,33 @@ def to_frame(data: pd.DataFrame | Sequence[Mapping[str, Any]], name: str) -> pd.
     for column, kind in schema:
         values = [None if is_missing(v) else v for v in frame[column].tolist()]
         if kind == "int":
-            values = [None if v is None else int(v) for v in values]
+            values = [_int_or_none(v) for v in values]
         elif kind == "float":
-            values = [float("nan") if v is None else float(v) for v in values]
+            values = [float("nan") if v is None else _float_or_nan(v) for v in values]
         else:
             values = [None if v is None else str(v) for v in values]
         out[column] = pd.array(values, dtype=_DTYPES[kind])
     return pd.DataFrame(out, columns=columns)
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An int cell; a value that is no finite number (from a trace written elsewhere) is missing."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return int(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) else None
+
+
+def _float_or_nan(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def is_missing(value: Any) -> bool:

@@ -13,6 +13,7 @@ named ``debug.<name>``.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
@@ -107,6 +108,23 @@ def _arg(args: dict[str, Any], *path: str) -> Any:
     return None if isinstance(value, (dict, list)) else value
 
 
+def _bytes(args: dict[str, Any], *path: str) -> int | None:
+    """A byte amount from the args, or None when it is not a number of bytes.
+
+    tracer.ray writes ints; a trace from elsewhere may hold a string, a bool
+    or an infinite float there, which is treated as not measured rather than
+    stopping every analysis that compares or sums amounts.
+    """
+    value = _arg(args, *path)
+    if value.__class__ is bool:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
 def trace_end(model: TraceModel) -> int | None:
     """The last moment of the trace: ``MAX(ts + MAX(dur, 0))`` over the slice table."""
     ends = [s.ts + (s.dur if s.dur is not None and s.dur > 0 else 0) for s in model.slices]
@@ -165,8 +183,8 @@ def tasks(model: TraceModel) -> list[Row]:
             "stage_id": _arg(args, L.ARG_STAGE_ID),
             "stage": t.name if stage is None else stage,
             "status": status,
-            "memory_requested": _arg(args, L.ARG_RESOURCE_REQUEST, "memory_bytes"),
-            "memory_at_kill": _arg(args, L.ARG_MEMORY_AT_KILL),
+            "memory_requested": _bytes(args, L.ARG_RESOURCE_REQUEST, "memory_bytes"),
+            "memory_at_kill": _bytes(args, L.ARG_MEMORY_AT_KILL),
             "created_ts": t.ts,
             "received_ts": received,
         }
@@ -188,10 +206,10 @@ def executions(model: TraceModel) -> list[Row]:
         ):
             continue
         node, worker = _thread_of(model, s.track_uuid)
-        peak = _arg(s.args, L.ARG_MEMORY_PEAK)
+        peak = _bytes(s.args, L.ARG_MEMORY_PEAK)
         source = None
         if peak is not None:
-            source = "heap" if _arg(s.args, L.ARG_HEAP_PEAK) is not None else "rss"
+            source = "heap" if _bytes(s.args, L.ARG_HEAP_PEAK) is not None else "rss"
         rows.append(
             {
                 "slice_id": s.id,
@@ -200,7 +218,7 @@ def executions(model: TraceModel) -> list[Row]:
                 "start_ts": s.ts,
                 "end_ts": s.ts + s.dur,
                 "dur": s.dur,
-                "memory_requested": _arg(s.args, L.ARG_MEMORY_REQUESTED),
+                "memory_requested": _bytes(s.args, L.ARG_MEMORY_REQUESTED),
                 "memory_peak": peak,
                 "peak_source": source,
                 "status": _arg(s.args, L.ARG_STATUS),
