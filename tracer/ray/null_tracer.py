@@ -13,10 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracer.ray.levels import TracingLevel
 
-__all__ = ["NO_ERRORS", "NullRunnerTracer"]
-
-#: What "no failures" is, shared: returned by both tracers' failure reports.
-NO_ERRORS: dict[str, BaseException] = {}
+__all__ = ["NullRunnerTracer"]
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
@@ -128,10 +125,10 @@ class NullRunnerTracer:
         pass
 
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
-        return NO_ERRORS
+        return {}  # a new dict each time: a runner may add its own failures to it
 
     def complete_received(self) -> dict[str, BaseException]:
-        return NO_ERRORS
+        return {}
 
     def task_failed(self, task_id: str, error: BaseException) -> None:
         pass

@@ -66,7 +66,7 @@ from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
 from tracer.ray.memory_trace import MemoryTrace
-from tracer.ray.null_tracer import NO_ERRORS, NullRunnerTracer
+from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.task_errors import (
     error_args,
@@ -124,6 +124,28 @@ def _guarded(method: _F) -> _F:
         except Exception as exc:
             self._disable(exc)
             return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _guarded_failures(method: _F) -> _F:
+    """:func:`_guarded` for the methods that report failures: they always return a dict.
+
+    Once tracing has stopped (or if the method fails), they return the
+    failures already found and not yet reported, never None: a runner that
+    iterates over the result must not break because tracing did.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: RunnerTracer, *args: Any, **kwargs: Any) -> Any:
+        if not self._disabled:
+            try:
+                with self._lock:
+                    return method(self, *args, **kwargs)
+            except Exception as exc:
+                self._disable(exc)
+        with self._lock:
+            return self._take_failures()
 
     return wrapper  # type: ignore[return-value]
 
@@ -570,7 +592,7 @@ class RunnerTracer:
             return
         self._finish_task(state, self.writer.now(), None)
 
-    @_guarded
+    @_guarded_failures
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
         """A batch of tasks seen as ready (one ``ray.wait``'s worth); returns failures found.
 
@@ -596,7 +618,7 @@ class RunnerTracer:
             self._complete_received()
         return self._take_failures()
 
-    @_guarded
+    @_guarded_failures
     def complete_received(self) -> dict[str, BaseException]:
         """Complete every task received so far now; returns the failures found.
 
@@ -610,7 +632,7 @@ class RunnerTracer:
     def _take_failures(self) -> dict[str, BaseException]:
         """The failures found since the last call (also those found at a wave's end)."""
         if not self._unreported:
-            return NO_ERRORS
+            return {}  # a new dict each time: the caller may add to it
         failures, self._unreported = self._unreported, {}
         return failures
 

@@ -1,0 +1,80 @@
+"""What a runner of its own gets back from the tracer's failure reports.
+
+``tasks_received_as_ready`` and ``complete_received`` return the tasks that
+failed. A runner may iterate over the result or add to it, at any level and
+after tracing stopped on an error: the result is always a dict of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import ray
+
+from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+@ray.remote
+def _ok(x: int) -> int:
+    return x
+
+
+@ray.remote
+def _boom(x: int) -> int:
+    raise ValueError(f"bad partition {x}")
+
+
+def _run(level: int, path: Path, fns: list[object]) -> list[str]:
+    """A small runner that collects failures the way a user might: into the report's dict."""
+    failed: dict[str, BaseException] = {}
+    with ray_tracer(f"reports-{path.stem}", level=level, path=path) as tracer:
+        for wave, fn in enumerate(fns):
+            with tracer.dispatch_wave(wave):
+                task_id = f"0-{wave}"
+                tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "map")
+                ref = RayFunctionWrapper.wrap(fn).with_tracing(tracer, task_id).remote(wave)
+                ray.wait([ref], timeout=30)
+                failures = tracer.tasks_received_as_ready([task_id])
+                failures.update(tracer.complete_received())
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # its own check, into the same dict
+                    failures.setdefault(task_id, exc)
+                failed.update(failures)
+    return sorted(failed)
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_runner_that_adds_to_the_reports_does_not_change_later_ones(
+    level: int, tmp_path: Path
+) -> None:
+    """The empty report used to be one shared dict: a runner adding to it made every
+    later call, in every execution, report a failure that never happened."""
+    assert _run(level, tmp_path / "first.perfetto-trace", [_ok, _boom]) == ["0-1"]
+    assert _run(level, tmp_path / "second.perfetto-trace", [_ok, _ok]) == []
+
+
+def test_reports_stay_dicts_after_tracing_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tracer")
+    out = tmp_path / "traces"
+    out.mkdir()
+    with ray_tracer("stopped", level=1, path=out / "run.perfetto-trace") as tracer:
+        tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "map")
+        ref = RayFunctionWrapper.wrap(_ok).with_tracing(tracer, "0-0").remote(1)
+        shutil.rmtree(out)
+        tracer.flush()  # the write fails: tracing stops, the run goes on
+        assert tracer.disabled
+        assert ray.get(ref) == 1
+        received = tracer.tasks_received_as_ready(["0-0"])
+        completed = tracer.complete_received()
+        assert received == {} and completed == {}
+        received["mine"] = ValueError("a runner's own failure")
+        assert tracer.complete_received() == {}
+    assert any("tracing stopped" in r.getMessage() for r in caplog.records)
