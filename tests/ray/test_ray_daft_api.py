@@ -193,3 +193,50 @@ def test_traced_calls_with_several_returns(tmp_path: Path) -> None:
 @ray.remote
 def triple(x: int) -> tuple[int, int, int]:
     return x, x + 1, x + 2
+
+
+@ray.remote
+def count_up(n: int) -> Any:
+    for i in range(n):  # noqa: UP028 (Ray calls send() on the generator: range has none)
+        yield i
+
+
+def _generated(kind: str, ref: Any) -> list[int]:
+    if kind == "dynamic":  # one ref to a generator of refs
+        return [ray.get(r) for r in ray.get(ref)]
+    return [ray.get(r) for r in ref]  # streaming: an ObjectRefGenerator
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_generator_tasks_stream_as_they_would_untraced(level: int, tmp_path: Path) -> None:
+    """Ray streams a generator's values: there is no last return value for the
+    measurements to ride on, so such a task runs untraced inside (it used to fail
+    with "cannot pickle 'generator' object", or at ``remote()`` on
+    ``num_returns="streaming"``), and shows in the trace from the driver's side."""
+    import warnings
+
+    from tracer.format import read_trace
+
+    path = tmp_path / "generators.perfetto-trace"
+    cases = {"g0": None, "g1": "streaming", "g2": "dynamic"}
+    outputs = {}
+    with ray_tracer("generators", level=level, path=path) as tracer, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray deprecates "dynamic"
+        for task_id, num_returns in cases.items():
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "count")
+            fn = RayFunctionWrapper.wrap(count_up)
+            if num_returns is not None:
+                fn = fn.options(num_returns=num_returns)
+            ref = fn.with_tracing(tracer, task_id).remote(3)
+            outputs[task_id] = _generated(num_returns or "streaming", ref)
+            tracer.tasks_received_as_ready([task_id])
+        tracer.stage_done(0)
+    assert outputs == {task_id: [0, 1, 2] for task_id in cases}
+    if level:
+        model = read_trace(path, strict=True)
+        tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
+        assert sorted(s.args[L.ARG_TASK_ID] for s in tasks) == sorted(cases)
+        assert all(L.ARG_STATUS not in s.args for s in tasks)
+        assert not [s for s in model.slices if s.category == L.CAT_EXECUTION]
+        (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+        assert run.args[L.ARG_LOST_MEASUREMENTS] == 0  # none was expected

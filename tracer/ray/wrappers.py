@@ -9,6 +9,7 @@ wrapper that records tasks received as ready.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -105,8 +106,8 @@ class RayRunnableFunctionWrapper:
         if not tracer.enabled or tracer.disabled:
             return _with_options(self.f, self.options_).remote(*args, **kwargs)
         ctx = tracer.task_dispatched(self.task_id)
-        n = int(self.options_.get("num_returns", _default_num_returns(self.f)))
-        if ctx is None or not isinstance(n, int) or n < 1:
+        n = _fixed_num_returns(self.f, self.options_)
+        if ctx is None or n is None:
             return _with_options(self.f, self.options_).remote(*args, **kwargs)
         traced = _traced_remote(self.f, ctx, n)
         refs = _with_options(traced, {**self.options_, "num_returns": n + 1}).remote(
@@ -138,9 +139,23 @@ def _with_options(f: Any, options: dict[str, Any]) -> Any:
     return optioned
 
 
-def _default_num_returns(f: Any) -> int:
-    value = (getattr(f, "_default_options", {}) or {}).get("num_returns", 1)
-    return value if isinstance(value, int) else 1
+def _fixed_num_returns(f: Any, options: dict[str, Any]) -> int | None:
+    """How many values a call of ``f`` returns, or None when the measurements cannot
+    ride along as one more: a generator (Ray streams its values, as it does for
+    ``num_returns="streaming"`` or ``"dynamic"``), or no return values at all.
+    Such a task runs as it is, untraced inside; the driver's slices still show it.
+    """
+    value = options.get("num_returns")
+    if value is None:
+        value = (getattr(f, "_default_options", {}) or {}).get("num_returns")
+    if value is None:
+        fn = getattr(f, "_function", None)
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            return None
+        return 1
+    if value.__class__ is not int or value < 1:
+        return None
+    return int(value)
 
 
 class MaterializedPlanWrapper(Generic[T]):
