@@ -29,6 +29,11 @@ def _boom(x: int) -> int:
     raise ValueError(f"bad partition {x}")
 
 
+@ray.remote(num_returns=2)
+def _boom_twice(x: int) -> tuple[int, int]:
+    raise ValueError(f"bad partition {x}")
+
+
 def _run(level: int, path: Path, fns: list[object]) -> list[str]:
     """A small runner that collects failures the way a user might: into the report's dict."""
     failed: dict[str, BaseException] = {}
@@ -78,3 +83,35 @@ def test_reports_stay_dicts_after_tracing_stopped(
         received["mine"] = ValueError("a runner's own failure")
         assert tracer.complete_received() == {}
     assert any("tracing stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failure_the_runner_handled_is_not_logged_as_unhandled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed task's measurements return holds its error too: dropped unread, Ray
+    logged an "Unhandled error" for a failure the runner had caught and reported."""
+    import gc
+    import time
+
+    import ray._private.worker as ray_worker
+
+    seen: list[str] = []
+    monkeypatch.setattr(ray_worker, "_unhandled_error_handler", lambda e: seen.append(str(e)))
+    with ray_tracer("handled", level=1, path=tmp_path / "handled.perfetto-trace") as tracer:
+        tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "map")
+        ref = RayFunctionWrapper.wrap(_boom).with_tracing(tracer, "0-0").remote(7)
+        with pytest.raises(ValueError, match="bad partition 7"):
+            ray.get(ref)
+        tracer.task_failed("0-0", ray.exceptions.RayTaskError("_boom", "", ValueError("x")))
+    # The control: a failed task's second return, never read. Ray must report it.
+    first, second = _boom_twice.remote(8)
+    with pytest.raises(ValueError):
+        ray.get(first)
+    del ref, first, second
+    deadline = time.monotonic() + 20
+    while not seen and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    time.sleep(1.0)  # the traced task's report, had there been one, comes with the control's
+    assert len(seen) == 1, seen
+    assert "bad partition 8" in seen[0]

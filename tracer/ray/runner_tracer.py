@@ -819,7 +819,7 @@ class RunnerTracer:
             upstream = measured if measured != str(task_id) else None
         if upstream is not None and upstream != task_id:
             if state is not None:
-                state.metrics_ref = None
+                self._drop_metrics_ref(state)
                 state.metrics = None
                 self._finish_task(
                     state, now, {L.ARG_STATUS: L.STATUS_FAILED_UPSTREAM,
@@ -845,7 +845,7 @@ class RunnerTracer:
         if metrics is not None and metrics.get("attempt"):
             attempts = self._attempt_args(task_id, metrics)
         if state is not None:
-            state.metrics_ref = None
+            self._drop_metrics_ref(state)
             state.metrics = None
             self._finish_task(
                 state, now, {L.ARG_STATUS: status, **err, **where, **memory, **attempts}
@@ -863,6 +863,22 @@ class RunnerTracer:
             track, name, now, category=L.CAT_EXECUTION,
             args={L.ARG_TASK_ID: str(task_id), **err, **memory},
         )
+
+    @staticmethod
+    def _drop_metrics_ref(state: _TaskState) -> None:
+        """Forget a failed task's measurements return, read once if it is ready.
+
+        It holds the task's error, like the result the runner already read:
+        dropped unread, Ray logs it as an "Unhandled error" that the runner
+        did handle. Not ready (a cancelled task still running): left alone.
+        """
+        ref, state.metrics_ref = state.metrics_ref, None
+        if ref is None:
+            return
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.get(ref, timeout=0)
 
     def _new_failed_attempt(self, task_id: str, metrics: Metrics) -> bool:
         """Whether this failed attempt is seen for the first time (it may come twice:
