@@ -152,6 +152,39 @@ def test_daft_actor_channel(tmp_path: Path) -> None:
     assert "tracer-metrics-daft-actor" not in names
 
 
+@ray.remote
+def build_at_the_drivers_level(execution_id: str, task_id: str, stage_id: int, x: int) -> int:
+    """A task body that names no level and sees no $TRACER_ENABLE_RAY_TRACING."""
+    import os
+
+    os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
+    with collect_ray_task_metrics(execution_id, task_id, stage_id) as metrics:
+        time.sleep(0.01)
+        if metrics is not None:
+            metrics["rows"] = x
+        return x * 10
+
+
+def test_daft_actor_channel_with_the_level_as_an_argument(tmp_path: Path) -> None:
+    """``ray_tracer(level=1)`` traces the tasks that measure themselves too: they find the
+    execution's metrics actor (they used to record nothing, and the trace called every
+    task's measurements lost)."""
+    path = tmp_path / "daft-argument.perfetto-trace"
+
+    def submit(tracer: Any, task_id: str, x: int) -> Any:
+        tracer.task_dispatched(task_id)
+        return build_at_the_drivers_level.options(num_cpus=1, memory=1 << 20).remote(
+            tracer.execution_id, task_id, 0, x
+        )
+
+    with ray_tracer("daft-argument", level=1, path=path, metrics_actor=True) as tracer:
+        results = _daft_loop(tracer, "daft-argument", submit)
+    assert results == {f"t{i}": 10 * i for i in range(NUM_TASKS)}
+    _check(path)
+    # Untraced, the same task records nothing (no actor to find).
+    assert ray.get(build_at_the_drivers_level.remote("not-traced", "t0", 0, 1)) == 10
+
+
 def test_collect_ray_task_metrics_off_without_level(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACER_ENABLE_RAY_TRACING", raising=False)
     with collect_ray_task_metrics("none", "t0", 0) as metrics:

@@ -67,19 +67,34 @@ def create_metrics_actor(execution_id: str) -> Any:
     ).remote()
 
 
-def send_to_metrics_actor(execution_id: str, metrics: dict[str, Any]) -> None:
-    """Fire-and-forget from a task; silently drops the measurement when no actor exists."""
+def _actor(execution_id: str) -> Any:
+    """The execution's actor handle in this worker process, or None (looked up once)."""
     with _LOCK:
         if execution_id in _ACTORS:
-            actor = _ACTORS[execution_id]
-        else:
-            try:
-                actor = ray.get_actor(actor_name(execution_id), namespace=NAMESPACE)
-            except Exception:  # no such actor (never started, or dead): do not ask again
-                actor = None
-            if len(_ACTORS) >= _MAX_ACTORS:
-                _ACTORS.clear()
-            _ACTORS[execution_id] = actor
+            return _ACTORS[execution_id]
+        try:
+            actor = ray.get_actor(actor_name(execution_id), namespace=NAMESPACE)
+        except Exception:  # no such actor (never started, or dead): do not ask again
+            actor = None
+        if len(_ACTORS) >= _MAX_ACTORS:
+            _ACTORS.clear()
+        _ACTORS[execution_id] = actor
+        return actor
+
+
+def metrics_actor_exists(execution_id: str) -> bool:
+    """Whether the driver started a metrics actor for the execution: it traces it.
+
+    How a task that measures itself learns that its driver traces when the
+    level was given to :func:`tracer.ray.ray_tracer` as an argument, which
+    workers do not see. One name lookup per worker process and execution.
+    """
+    return _actor(execution_id) is not None
+
+
+def send_to_metrics_actor(execution_id: str, metrics: dict[str, Any]) -> None:
+    """Fire-and-forget from a task; silently drops the measurement when no actor exists."""
+    actor = _actor(execution_id)
     if actor is None:
         return
     with contextlib.suppress(Exception):

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tracer.ray.levels import TracingLevel, resolve_level
+from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
 
 Metrics = dict[str, Any]
 
@@ -302,6 +302,10 @@ def collect_ray_task_metrics(
     ``collect_ray_task_metrics``): the measurements go to the execution's
     metrics actor, which the driver drains every wave. ``level`` defaults to
     ``$TRACER_ENABLE_RAY_TRACING`` as seen by the worker; at 0 this does nothing.
+    When neither is set, the task looks for the execution's metrics actor
+    (once per worker process): if the driver started one, it traces the
+    execution (its level given as an argument, which workers do not see), and
+    the task is measured at level 1. Pass ``level=`` for level 2 there.
     Inside a task that is already measured (dispatched through
     :class:`~tracer.ray.RayFunctionWrapper`, as a Daft-style runner does) it
     yields that task's metrics and measures nothing twice.
@@ -312,8 +316,12 @@ def collect_ray_task_metrics(
         return
     lvl = resolve_level(level)
     if lvl == TracingLevel.OFF:
-        yield None
-        return
+        from tracer.ray.channel import metrics_actor_exists
+
+        if level is not None or ENV_VAR in os.environ or not metrics_actor_exists(execution_id):
+            yield None
+            return
+        lvl = TracingLevel.TIMELINE
     from tracer.ray.channel import send_to_metrics_actor
 
     ctx = TaskContext(execution_id, task_id, stage_id, int(lvl))
