@@ -115,3 +115,28 @@ def test_a_failure_the_runner_handled_is_not_logged_as_unhandled(
     time.sleep(1.0)  # the traced task's report, had there been one, comes with the control's
     assert len(seen) == 1, seen
     assert "bad partition 8" in seen[0]
+
+
+@ray.remote
+def _nap(x: int) -> int:
+    import time
+
+    time.sleep(1.5)  # still running when the tracer closes, right after the dispatch
+    return x
+
+
+def test_a_task_still_running_at_the_close_is_unfinished_not_lost(tmp_path: Path) -> None:
+    from tracer.format import read_trace
+    from tracer.ray import layout as L
+
+    path = tmp_path / "unfinished.perfetto-trace"
+    with ray_tracer("unfinished", level=1, path=path) as tracer:
+        tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "map")
+        ref = RayFunctionWrapper.wrap(_nap).with_tracing(tracer, "0-0").remote(1)
+    assert ray.get(ref) == 1  # the run's result, whatever the trace says
+    model = read_trace(path, strict=True)
+    (task,) = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
+    assert task.args[L.ARG_STATUS] == L.STATUS_UNFINISHED
+    (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+    assert run.args[L.ARG_LOST_MEASUREMENTS] == 0
+    assert not [i for i in model.instants if i.name == L.INSTANT_METRICS_LOST]

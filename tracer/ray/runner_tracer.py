@@ -1249,7 +1249,9 @@ class RunnerTracer:
             self._poll_cancelled(_CLOSE_GRACE_S)
         now = self.writer.now()
         for state in list(self._tasks.values()):
-            self._actor_tasks.pop(state.task_id, None)  # never received: not lost, unfinished
+            # Never received: unfinished, its measurements not lost but not yet there.
+            self._actor_tasks.pop(state.task_id, None)
+            state.metrics_ref = None
             self._finish_task(state, now, {L.ARG_STATUS: L.STATUS_UNFINISHED})
         self._tasks.clear()
         if self._actor_channel:
