@@ -89,6 +89,21 @@ def test_bad_writer_options(tmp_path: Path, options: dict[str, Any]) -> None:
     assert not path.exists()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"buffer_size": "4096"}, {"compression_level": 6.0}, {"sequence_id": True}],
+)
+def test_writer_options_of_the_wrong_type(tmp_path: Path, options: dict[str, Any]) -> None:
+    path = tmp_path / "t.perfetto-trace"
+    with pytest.raises(InvalidArgumentTypeError, match=f"{next(iter(options))} must be an int"):
+        TraceWriter(path, **options)
+    assert not path.exists()
+
+
+class _Big(int):
+    """An int subclass (numpy-like wrappers, enums): takes the counter's slower branch."""
+
+
 # --------------------------------------------- misuse at the call, file stays clean
 
 Misuse = Callable[[TraceWriter, dict[str, Any]], object]
@@ -162,6 +177,8 @@ MISUSES: dict[str, tuple[type[Exception], str, Misuse]] = {
                                lambda w, t: w.counter(t["counter"], "5", T0 + 1)),  # type: ignore[arg-type]
     "counter value over int64": (OverflowError, "int64",
                                  lambda w, t: w.counter(t["counter"], 1 << 63, T0 + 1)),
+    "counter value of an int subclass over int64": (
+        OverflowError, "int64", lambda w, t: w.counter(t["counter"], _Big(1 << 63), T0 + 1)),
     "counter on a slice track": (UnknownTrackError, "not a counter track",
                                  lambda w, t: w.counter(t["lane"], 1, T0 + 1)),  # type: ignore[arg-type]
     "begin on another writer's track": (UnknownTrackError, "not declared on this writer",

@@ -282,6 +282,13 @@ class TraceWriter:
             # Timestamps in coarser units are converted where they enter, in a
             # subclass, so the default (ns) hot path pays nothing for the option.
             self.__class__ = _coarse_class(type(self))
+        for option, value in (("buffer_size", buffer_size),
+                              ("compression_level", compression_level),
+                              ("sequence_id", sequence_id)):
+            if value.__class__ is bool or not isinstance(value, int):
+                raise InvalidArgumentTypeError(
+                    f"{option} must be an int, got {type(value).__name__} {value!r}"
+                )
         if buffer_size < 1024:
             raise InvalidArgumentError(
                 f"buffer_size must be at least 1024 bytes, got {buffer_size}"
@@ -787,8 +794,11 @@ class TraceWriter:
         elif isinstance(value, float):
             encoded = _DOUBLE.pack(value)
             frames = bodies[0]
-        elif isinstance(value, int) and not isinstance(value, bool):
-            encoded = varint(int(value))
+        elif isinstance(value, int) and not isinstance(value, bool):  # an int subclass
+            value = int(value)
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise ValueOutOfRangeError(f"counter value {value} does not fit in int64")
+            encoded = varint(value)
             frames = bodies[len(encoded)]
         else:
             raise InvalidArgumentTypeError(
