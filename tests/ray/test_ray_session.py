@@ -84,7 +84,9 @@ def test_level_0_writes_nothing_and_starts_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_level_env")
-@pytest.mark.parametrize("level", [3, -1, "5", "verbose", True, 1.5])
+@pytest.mark.parametrize(
+    "level", [3, -1, "5", "verbose", True, 1.5, "\u00b2", "\u0661"]  # non-ASCII digits too
+)
 def test_invalid_level_argument(level: Any, tmp_path: Path) -> None:
     path = tmp_path / "bad.perfetto-trace"
     with pytest.raises(InvalidTracingLevelError) as info:

@@ -140,3 +140,28 @@ def test_a_task_still_running_at_the_close_is_unfinished_not_lost(tmp_path: Path
     (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 0
     assert not [i for i in model.instants if i.name == L.INSTANT_METRICS_LOST]
+
+
+def test_calls_after_the_close_do_nothing_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """They used to log "tracing stopped ... after an error (TraceWriterClosedError)"."""
+    from tracer.format import read_trace
+
+    caplog.set_level(logging.WARNING, logger="tracer")
+    path = tmp_path / "closed.perfetto-trace"
+    with ray_tracer("closed", level=1, path=path) as tracer:
+        pass
+    size = path.stat().st_size
+    tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "map")
+    ref = RayFunctionWrapper.wrap(_ok).with_tracing(tracer, "0-0").remote(5)
+    assert ray.get(ref) == 5  # submitted as it is, untraced
+    assert tracer.tasks_received_as_ready(["0-0"]) == {}
+    with tracer.dispatch_wave(1):
+        tracer.count_inflight_tasks(0)
+    tracer.flush()
+    tracer.close()
+    assert not tracer.disabled  # it did not stop after an error
+    assert [r.getMessage() for r in caplog.records] == []
+    assert path.stat().st_size == size
+    assert not read_trace(path, strict=True).problems

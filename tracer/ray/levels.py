@@ -51,7 +51,7 @@ def resolve_level(level: int | str | TracingLevel | None = None) -> TracingLevel
             ) from None
     if isinstance(level, str):
         text = level.strip().lower()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():  # not "²", a digit to str.isdigit
             return resolve_level(int(text)) if int(text) in (0, 1, 2) else _bad(source, level)
         for lvl in TracingLevel:
             if lvl.name.lower() == text:

@@ -263,7 +263,8 @@ class RunnerTracer:
         self.memray_native_traces = memray_native_traces
         self.memray_all_allocations = memray_all_allocations
         self._lock = threading.RLock()
-        self._disabled = False
+        self._disabled = False  # no more tracing: after an error, or once closed
+        self._failed = False  # tracing stopped after an error
         self._closed = False
         self._metrics_actor = metrics_actor
         # The actor's ``ready`` call until it answered: it may still be starting, and
@@ -368,7 +369,7 @@ class RunnerTracer:
     def _disable(self, exc: BaseException) -> None:
         if self._disabled:
             return
-        self._disabled = True
+        self._disabled = self._failed = True
         self._stop_flusher.set()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "
@@ -384,7 +385,7 @@ class RunnerTracer:
     @property
     def disabled(self) -> bool:
         """True once tracing stopped after an error."""
-        return self._disabled
+        return self._failed
 
     # ---------------------------------------------------------- dispatch loop
 
@@ -1238,6 +1239,7 @@ class RunnerTracer:
         self._close(error)
         self._closed = True
         if not self._disabled:
+            self._disabled = True  # later calls do nothing, quietly: the trace is finished
             with contextlib.suppress(Exception):
                 self.writer.close()
 
