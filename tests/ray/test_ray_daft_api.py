@@ -273,3 +273,37 @@ def test_generator_tasks_stream_as_they_would_untraced(level: int, tmp_path: Pat
         assert not [s for s in model.slices if s.category == L.CAT_EXECUTION]
         (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
         assert run.args[L.ARG_LOST_MEASUREMENTS] == 0  # none was expected
+
+
+@ray.remote
+def add_one(x: int) -> int:
+    time.sleep(0.05)
+    return x + 1
+
+
+def test_stage_done_too_early_keeps_the_stage_whole(tmp_path: Path) -> None:
+    """stage_done while a task is in flight, then another task of the stage: the stage
+    slice used to be written at once, zero-long, and the later task's flow had no start."""
+    from tracer.format import read_trace
+
+    path = tmp_path / "early.perfetto-trace"
+    with ray_tracer("early", level=1, path=path) as tracer:
+        tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "inc")
+        a = RayFunctionWrapper.wrap(add_one).with_tracing(tracer, "0-0").remote(1)
+        tracer.stage_done(0)  # too early: 0-0 is in flight
+        tracer.task_created("0-1", 0, ResourceRequest(num_cpus=1), "inc")
+        b = RayFunctionWrapper.wrap(add_one).with_tracing(tracer, "0-1").remote(2)
+        assert ray.get([a, b]) == [2, 3]
+        tracer.tasks_received_as_ready(["0-0", "0-1"])
+        tracer.stage_done(0)
+        tracer.task_created("0-2", 0, ResourceRequest(num_cpus=1), "inc")  # after the end
+        c = RayFunctionWrapper.wrap(add_one).with_tracing(tracer, "0-2").remote(3)
+        assert ray.get(c) == 4
+        tracer.tasks_received_as_ready(["0-2"])
+    model = read_trace(path, strict=True)
+    stages = sorted((s for s in model.slices if s.category == L.CAT_STAGE), key=lambda s: s.ts)
+    assert [s.args["num_tasks"] for s in stages] == [2, 1]  # the stage went on: a second slice
+    tasks = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+             if s.category == L.CAT_TASK and s.depth == 0}
+    assert stages[0].ts + (stages[0].dur or 0) >= tasks["0-1"].ts + (tasks["0-1"].dur or 0)
+    assert len(model.flows) == 3  # one arrow per execution, each from its stage slice

@@ -521,6 +521,8 @@ class RunnerTracer:
                 merge=False,
             )
             stage = self._stages[stage_id] = _StageState(stage_id, name, track, now)
+        elif stage.written:  # a task after stage_done: the stage goes on, in a slice of its own
+            stage = self._stages[stage_id] = _StageState(stage_id, stage.name, stage.track, now)
         stage.tasks += 1
         stage.outstanding += 1
         stage.requests.append(int(request.memory_bytes or 0))
@@ -894,14 +896,21 @@ class RunnerTracer:
 
     @_guarded
     def stage_done(self, stage_id: int) -> None:
-        """No more tasks will be created for the stage: write its slice and flows now."""
+        """No more tasks will be created for the stage: write its slice and flows now.
+
+        Called while some of its tasks are still in flight, it leaves the
+        slice to the close, so that it still ends with the stage's last task.
+        """
         stage = self._stages.get(stage_id)
-        if stage is not None:
-            if any(s.stage_id == stage_id for s in self._received):
-                self._complete_received()
-            if any(s.stage_id == stage_id for s in self._pending_metrics):
-                self._drain_metrics()  # its memory summary needs their measurements
-            self._write_stage(stage)
+        if stage is None:
+            return
+        if any(s.stage_id == stage_id for s in self._received):
+            self._complete_received()
+        if stage.outstanding:
+            return
+        if any(s.stage_id == stage_id for s in self._pending_metrics):
+            self._drain_metrics()  # its memory summary needs their measurements
+        self._write_stage(stage)
 
     # ---------------------------------------------------------- measurements
 
