@@ -307,3 +307,39 @@ def test_stage_done_too_early_keeps_the_stage_whole(tmp_path: Path) -> None:
              if s.category == L.CAT_TASK and s.depth == 0}
     assert stages[0].ts + (stages[0].dur or 0) >= tasks["0-1"].ts + (tasks["0-1"].dur or 0)
     assert len(model.flows) == 3  # one arrow per execution, each from its stage slice
+
+
+def test_dispatch_recorded_by_the_runner_then_by_the_wrapper(tmp_path: Path) -> None:
+    """The task used to run unmeasured: the wrapper's own dispatch call got no context."""
+    from tracer.format import read_trace
+
+    path = tmp_path / "twice.perfetto-trace"
+    with ray_tracer("twice", level=1, path=path) as tracer:
+        tracer.task_created("0-0", 0, ResourceRequest(num_cpus=1), "inc")
+        tracer.task_dispatched("0-0")
+        ref = RayFunctionWrapper.wrap(add_one).with_tracing(tracer, "0-0").remote(1)
+        assert ray.get(ref) == 2
+        tracer.tasks_received_as_ready(["0-0"])
+        tracer.stage_done(0)
+    model = read_trace(path, strict=True)
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert [s.args[L.ARG_TASK_ID] for s in executions] == ["0-0"]
+    dispatched = [s for s in model.slices if s.name == L.SLICE_DISPATCHED]
+    assert len(dispatched) == 1
+
+
+def test_a_noop_task_end_without_a_start_is_ignored(tmp_path: Path) -> None:
+    """It used to end the loop's enclosing slice, and every later end was off by one."""
+    from tracer.format import read_trace
+
+    path = tmp_path / "noop.perfetto-trace"
+    with ray_tracer("noop", level=1, path=path) as tracer, tracer.dispatch_wave(0):
+        tracer.mark_noop_task_end()
+        tracer.mark_noop_task_start()
+        tracer.mark_noop_task_end()
+        tracer.mark_noop_task_end()
+    model = read_trace(path, strict=True)
+    names = sorted(s.name for s in model.slices)
+    assert names == sorted([L.SLICE_EXECUTION, L.SLICE_WAVE, L.SLICE_NOOP_TASK])
+    (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+    assert run.args[L.ARG_LOST_MEASUREMENTS] == 0

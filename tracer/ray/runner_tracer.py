@@ -265,6 +265,7 @@ class RunnerTracer:
         self._lock = threading.RLock()
         self._disabled = False  # no more tracing: after an error, or once closed
         self._failed = False  # tracing stopped after an error
+        self._noop_open = 0  # no-op task slices open on the loop
         self._closed = False
         self._metrics_actor = metrics_actor
         # The actor's ``ready`` call until it answered: it may still be starting, and
@@ -449,10 +450,14 @@ class RunnerTracer:
 
     def mark_noop_task_start(self) -> None:
         """A task the runner completes without Ray (e.g. a no-op) starts."""
+        self._noop_open += 1
         self._begin_loop(L.SLICE_NOOP_TASK)
 
     def mark_noop_task_end(self) -> None:
-        self._end_loop()
+        """Its end; one without a start is ignored (it would end the loop's enclosing slice)."""
+        if self._noop_open:
+            self._noop_open -= 1
+            self._end_loop()
 
     def mark_handle_none_task(self) -> None:
         """The plan had nothing ready: it needs in-flight tasks to finish first."""
@@ -557,8 +562,12 @@ class RunnerTracer:
     def task_dispatched(self, task_id: str) -> TaskContext | None:
         """The task was submitted to Ray; returns the context a traced task runs with."""
         state = self._tasks.get(str(task_id))
-        if state is None or state.dispatch_ts is not None:
+        if state is None:
             return None
+        if state.dispatch_ts is not None:
+            # Recorded already (by the runner, then again by the wrapper that
+            # submits it): the wrapper still gets the context, once.
+            return self._task_context(state) if state.metrics_ref is None else None
         now = self.writer.now()
         state.dispatch_ts = now
         self.writer.begin(state.lane, L.SLICE_DISPATCHED, now, category=L.CAT_TASK)
@@ -566,6 +575,9 @@ class RunnerTracer:
         self._used_cpus += req.num_cpus or 0
         self._used_gpus += req.num_gpus or 0
         self._used_mem += req.memory_bytes or 0
+        return self._task_context(state)
+
+    def _task_context(self, state: _TaskState) -> TaskContext:
         return TaskContext(
             self.execution_id, state.task_id, state.stage_id, int(self.level),
             self.memray_native_traces, self._metrics_actor is not None,
