@@ -755,11 +755,13 @@ class RunnerTracer:
         """The runner cancelled the task (``ray.cancel``): end its slices as cancelled.
 
         Its lane and resources are released at once. If it was running and
-        stops gracefully, its measurements come back in Ray's error and its
-        execution is written, as cancelled, a wave or two later (at close,
-        after up to ``_CLOSE_GRACE_S``); a task cancelled before it started,
-        or force-killed, has no execution (a force-killed one is marked on
-        the worker Ray names). Nothing here waits on Ray.
+        stops gracefully, Ray's error names its worker, which gets a "task
+        cancelled" mark a wave or two later (at close, after up to
+        ``_CLOSE_GRACE_S``); with a metrics actor, which brings the cancelled
+        attempt's measurements, its execution is written instead. A task
+        cancelled before it started, or force-killed (``force=True``), has
+        neither: Ray's error then says neither whether nor where it ran.
+        Nothing here waits on Ray.
         """
         state = self._tasks.pop(str(task_id), None)
         if state is None:
