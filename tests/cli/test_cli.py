@@ -136,6 +136,19 @@ def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path)
     assert json.loads(auto.stdout)["engine"] == "reader"
 
 
+def test_summary_auto_warns_about_a_broken_trace_processor_path(
+    trace: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "notexec"
+    env = {**no_binary_env(tmp_path), "TRACE_PROCESSOR_PATH": str(missing)}
+    auto = tracer("summary", trace, "--engine", "auto", "--json", env=env)
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["engine"] == "reader"
+    (line,) = auto.stderr.splitlines()
+    assert line.startswith(f"tracer: warning: TRACE_PROCESSOR_PATH={missing}: no such file"), line
+    assert line.endswith("used tracer's reader instead"), line
+
+
 # -------------------------------------------------------------------- memory
 
 

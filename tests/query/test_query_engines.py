@@ -192,3 +192,41 @@ def test_a_binary_that_fails_to_start(no_binary: None, synthetic: Path, tmp_path
     assert auto.engine == "reader"
     assert any("could not load" in w for w in auto.warnings())
     assert len(auto.stage_summary()) == 2
+
+
+def test_auto_says_why_a_named_binary_is_unusable(
+    no_binary: None, monkeypatch: pytest.MonkeyPatch, synthetic: Path, tmp_path: Path
+) -> None:
+    """auto falls back to the reader, but a binary the user named and cannot be used is
+    reported (a typo in TRACE_PROCESSOR_PATH must not go unnoticed); none anywhere is quiet."""
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    own = TraceQuery(synthetic).warnings()  # the trace's own (2 unterminated slices)
+    cases = [
+        ("env", str(tmp_path / "missing"), "TRACE_PROCESSOR_PATH=", "no such file"),
+        ("env", str(plain), "TRACE_PROCESSOR_PATH=", "not an executable"),
+        ("explicit", str(tmp_path / "missing"), "trace_processor_path=", "no such file"),
+        ("explicit", str(plain), "trace_processor_path=", "not an executable"),
+    ]
+    for where, value, named, why in cases:
+        if where == "env":
+            monkeypatch.setenv("TRACE_PROCESSOR_PATH", value)
+            config = QueryConfig(engine="auto")
+        else:
+            monkeypatch.delenv("TRACE_PROCESSOR_PATH", raising=False)
+            config = QueryConfig(engine="auto", trace_processor_path=value)
+        auto = TraceQuery(synthetic, config)
+        assert auto.engine == "reader"
+        warning, *rest = auto.warnings()
+        assert rest == own
+        assert warning.startswith(f"{named}{value}"), warning
+        assert why in warning and warning.endswith("used tracer's reader instead"), warning
+        assert len(auto.stage_summary()) == 2
+    for empty in ("", None):
+        if empty is None:
+            monkeypatch.delenv("TRACE_PROCESSOR_PATH", raising=False)
+        else:
+            monkeypatch.setenv("TRACE_PROCESSOR_PATH", empty)
+        quiet = TraceQuery(synthetic, QueryConfig(engine="auto"))
+        assert quiet.engine == "reader"
+        assert quiet.warnings() == own

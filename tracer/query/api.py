@@ -16,7 +16,13 @@ from tracer.format import TraceModel, read_trace
 from tracer.query import from_model
 from tracer.query.columns import records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
-from tracer.query.processor import find_trace_processor, one_line, start_trace_processor
+from tracer.query.processor import (
+    ENV_VAR,
+    NOT_FOUND_HELP,
+    find_trace_processor,
+    one_line,
+    start_trace_processor,
+)
 from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
@@ -36,7 +42,10 @@ class QueryConfig:
     * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
       trace_processor (fails if no binary can be found);
     * ``"auto"``: trace_processor when a binary can be found and starts, else
-      the reader (:meth:`TraceQuery.warnings` says why).
+      the reader; :meth:`TraceQuery.warnings` says why when a binary was found
+      but does not start, or when ``trace_processor_path`` or
+      ``$TRACE_PROCESSOR_PATH`` names one that is missing or not executable
+      (no binary anywhere falls back quietly).
 
     Both engines return the same columns and numbers. :meth:`TraceQuery.query`
     (arbitrary SQL) always needs trace_processor, whatever the engine.
@@ -92,9 +101,13 @@ class TraceQuery:
             try:
                 self._bin: str | None = find_trace_processor(self.config.trace_processor_path)
                 engine = "trace_processor"
-            except TraceProcessorNotFoundError:
+            except TraceProcessorNotFoundError as exc:
                 self._bin = None
                 engine = "reader"
+                if self.config.trace_processor_path or os.environ.get(ENV_VAR):
+                    # A binary the user named but that cannot be used is a mistake to
+                    # report; no binary anywhere is what auto is for, and stays quiet.
+                    self._fallback = str(exc).removesuffix(f"; {NOT_FOUND_HELP}")
         else:
             self._bin = None
         if engine == "trace_processor":
