@@ -131,3 +131,32 @@ def test_bad_files(tmp_path: Path) -> None:
         assert out == ""
         assert err.strip() == err.strip().splitlines()[0]
         assert needle in err
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "86401", "-1", "soon"])
+def test_a_timeout_out_of_range_is_a_usage_error(
+    trace: Path, value: str, port_free: None
+) -> None:
+    """Not a traceback from the socket wait (OverflowError, ValueError): argparse's exit 2."""
+    proc = start(trace, f"--timeout={value}")
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # it took the value and serves: stop it, free the port
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, err
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith("usage: ")
+    assert err.strip().splitlines()[-1].startswith("tracer open: error: argument --timeout: ")
+
+
+def test_the_largest_timeout_is_served(trace: Path, port_free: None) -> None:
+    proc = start(trace, "--timeout", "86400")
+    try:
+        assert proc.stderr is not None
+        assert "for up to 86400 s" in proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

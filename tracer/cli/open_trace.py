@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import errno
 import http.server
+import math
 import shutil
 import sys
 import time
@@ -34,6 +35,7 @@ HOST = "127.0.0.1"
 PORT = 9001
 UI_ORIGIN = "https://ui.perfetto.dev"
 _CLIENT_CLOSE_WAIT_S = 1.0
+MAX_TIMEOUT_S = 86400.0
 
 __all__ = ["HOST", "PORT", "UI_ORIGIN", "add_parser", "run", "ui_link"]
 
@@ -51,13 +53,29 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("trace", metavar="TRACE", help="the trace file to open")
     parser.add_argument(
-        "--timeout", type=float, default=300.0,
-        help="seconds to wait for the UI to fetch the trace (default 300; 0 waits forever)",
+        "--timeout", type=_timeout, default=300.0,
+        help=(
+            "seconds to wait for the UI to fetch the trace (default 300; at most "
+            f"{MAX_TIMEOUT_S:g}, a day; 0 waits forever)"
+        ),
     )
     parser.add_argument(
         "--browser", action="store_true", help="also open the link in a web browser here"
     )
     parser.set_defaults(run=run)
+
+
+def _timeout(text: str) -> float:
+    """--timeout: finite seconds in [0, MAX_TIMEOUT_S]; larger ones overflow the socket wait."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be between 0 (wait forever) and {MAX_TIMEOUT_S:g} s (a day), got {text}"
+        )
+    return value
 
 
 def ui_link(name: str) -> str:
@@ -140,8 +158,6 @@ class _OneFileServer(http.server.HTTPServer):
 
 def run(args: argparse.Namespace) -> int:
     path = check_trace_file(args.trace).resolve()
-    if args.timeout < 0:
-        raise TracerError(f"--timeout must be >= 0, got {args.timeout:g}")
     try:
         server = _OneFileServer(path)
     except OSError as exc:
