@@ -289,6 +289,21 @@ def test_usage_errors_exit_2(trace: Path) -> None:
     assert tracer("summary", trace, "--engine", "sqlite").returncode == 2
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["summary"], ["summary", "--json"], ["memory"], ["query", "SELECT 1"],
+     ["open", "--timeout", "1"]],
+)
+def test_a_closed_stdout_is_a_one_line_error(command: list[str], trace: Path) -> None:
+    """`tracer summary T >&-`: Python starts with no sys.stdout; no AttributeError traceback."""
+    result = subprocess.run(
+        ["sh", "-c", '"$0" -m tracer "$@" >&-', sys.executable, command[0], str(trace),
+         *command[1:]],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert_one_line_error(result, "standard output is closed")
+
+
 def test_help_lists_every_command() -> None:
     result = tracer("--help")
     assert result.returncode == 0

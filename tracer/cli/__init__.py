@@ -44,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if sys.stdout is None:
+        # Started with stdout closed (`tracer summary T >&-`): Python has no sys.stdout,
+        # and every command's answer would go nowhere. Say so before doing any work.
+        error("standard output is closed: there is nowhere to write the answer")
+        return 1
     try:
         status = args.run(args)
         sys.stdout.flush()
