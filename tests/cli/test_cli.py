@@ -231,6 +231,19 @@ def test_memory_limit(trace: Path) -> None:
     assert "(the worst 1; --limit 0 lists all)" in result.stdout
 
 
+def test_a_negative_memory_limit_is_a_usage_error(trace: Path) -> None:
+    from tracer.cli.memory import memory_report
+
+    result = tracer("memory", trace, "--limit", "-1")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "tracer memory: error: argument --limit: must be at least 0, got -1"
+    )
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        memory_report(trace, limit=-1)
+
+
 # --------------------------------------------------------------------- query
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from tracer.query import ENGINES, QueryConfig, TraceQuery
 
-__all__ = ["add_trace_args", "error", "open_query", "positive_int", "warn"]
+__all__ = ["add_trace_args", "error", "non_negative_int", "open_query", "positive_int", "warn"]
 
 
 def error(message: str) -> None:
@@ -20,14 +20,22 @@ def warn(message: str) -> None:
     print(f"tracer: warning: {message}", file=sys.stderr)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
 
 
 def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from tracer.cli._common import add_trace_args, open_query
+from tracer.cli._common import add_trace_args, non_negative_int, open_query
 from tracer.cli._output import (
     Column,
     Style,
@@ -36,7 +36,7 @@ def add_parser(commands: Any) -> None:
     )
     add_trace_args(parser)
     parser.add_argument(
-        "--limit", type=int, default=20,
+        "--limit", type=non_negative_int, default=20,
         help="flagged tasks to list on a terminal, worst first (default 20; 0: all)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) for machines")
@@ -68,8 +68,10 @@ def memory_report(
 
     The same tables from the same analyses (:meth:`TraceQuery.memory_by_stage`
     and friends), so a script's report and the command's never disagree.
-    ``limit`` caps the flagged tasks listed (0: all).
+    ``limit`` caps the flagged tasks listed (0: all; negative: ValueError).
     """
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0 (0 lists all), got {limit}")
     with TraceQuery(trace, config) as q:
         return _render(q, str(trace), Style(rich=False, color=False), limit)
 
