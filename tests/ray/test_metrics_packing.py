@@ -122,15 +122,34 @@ def test_traced_tasks_return_packed_measurements_and_keep_unpackable_ones(
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_traced_task_sends_its_measurements_as_packed_bytes() -> None:
-    """What crosses Ray for a plain traced task is the packed form, not a pickled dict."""
+    """What crosses Ray for a plain traced task: the user's arguments in, the packed
+    measurements out (not a pickled dict), named by Ray's task id, not the runner's."""
     from tracer.ray.task_metrics import TaskContext
     from tracer.ray.wrappers import _traced_remote
 
     traced = _traced_remote(annotated, TaskContext("wire", "", None, 1), 1)
-    result, measurements = ray.get(traced.options(num_returns=2).remote("t-wire", "plain"))
+    result_ref, measurements_ref = traced.options(num_returns=2).remote("plain")
+    result, measurements = ray.get([result_ref, measurements_ref])
     assert result == "plain"
     assert isinstance(measurements, bytes)
     metrics = unpack_metrics(measurements)
     assert metrics is not None
-    assert metrics["task_id"] == "t-wire" and metrics["rows"] == 12
+    assert "task_id" not in metrics and metrics["rows"] == 12
+    assert metrics["ray_task_id"] == measurements_ref.task_id().hex()
     assert metrics["end_ns"] >= metrics["start_ns"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_with_a_metrics_actor_the_task_id_travels_as_the_first_argument() -> None:
+    """Failed attempts report through the actor and must name their task: only then
+    does a traced call send the runner's task id."""
+    from tracer.ray.task_metrics import TaskContext
+    from tracer.ray.wrappers import _traced_remote
+
+    ctx = TaskContext("wire-actor", "", None, 1, metrics_actor=True)
+    traced = _traced_remote(annotated, ctx, 1)
+    result, measurements = ray.get(traced.options(num_returns=2).remote("t-wire", "plain"))
+    assert result == "plain"
+    metrics = unpack_metrics(measurements)
+    assert metrics is not None
+    assert metrics["task_id"] == "t-wire" and metrics["rows"] == 12

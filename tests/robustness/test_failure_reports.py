@@ -165,3 +165,37 @@ def test_calls_after_the_close_do_nothing_quietly(
     assert [r.getMessage() for r in caplog.records] == []
     assert path.stat().st_size == size
     assert not read_trace(path, strict=True).problems
+
+
+@ray.remote
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.parametrize("order", ["upstream first", "downstream first"])
+def test_a_task_whose_input_failed_names_the_failed_task(tmp_path: Path, order: str) -> None:
+    """A traced task's measurements do not carry the runner's task id: the downstream
+    task's error holds the upstream's, which are found by Ray's task id, whichever
+    order the runner reports the two in."""
+    from tracer.format import read_trace
+    from tracer.ray import layout as L
+
+    path = tmp_path / "upstream.perfetto-trace"
+    with ray_tracer("upstream", level=1, path=path) as tracer:
+        for task_id, stage in (("0-0", 0), ("1-0", 1)):
+            tracer.task_created(task_id, stage, ResourceRequest(num_cpus=1), "map")
+        up = RayFunctionWrapper.wrap(_boom).with_tracing(tracer, "0-0").remote(3)
+        down = RayFunctionWrapper.wrap(_plus_one).with_tracing(tracer, "1-0").remote(up)
+        ray.wait([up, down], num_returns=2, timeout=30)
+        ids = ["0-0", "1-0"] if order == "upstream first" else ["1-0", "0-0"]
+        failures = tracer.tasks_received_as_ready(ids)
+        failures.update(tracer.complete_received())
+    assert sorted(failures) == ["0-0", "1-0"]
+    model = read_trace(path, strict=True)
+    tasks = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+             if s.category == L.CAT_TASK and s.depth == 0}
+    assert tasks["0-0"].args[L.ARG_STATUS] == L.STATUS_FAILED
+    assert tasks["1-0"].args[L.ARG_STATUS] == L.STATUS_FAILED_UPSTREAM
+    assert tasks["1-0"].args[L.ARG_UPSTREAM_TASK_ID] == "0-0"
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert [e.args[L.ARG_TASK_ID] for e in executions] == ["0-0"]  # the downstream never ran

@@ -303,9 +303,12 @@ class RunnerTracer:
         # Received in batches, completed (measurements fetched, slices ended) in
         # bigger batches: one ray.get per _FETCH_BATCH tasks or _FETCH_INTERVAL_NS.
         self._received: list[_TaskState] = []
+        self._completing: list[_TaskState] = []  # the batch _complete_received is writing
         # Failures found when completing received tasks, until a call returns them.
         self._unreported: dict[str, BaseException] = {}
         self._failures_seen: dict[int, str] = {}  # hash of an error's text -> its task
+        # Failed tasks by Ray's task id: measurements in a downstream task's error name only it.
+        self._failed_ray_tasks: dict[str, str] = {}
         self._last_fetch = 0
         # Tasks whose measurements may come through the metrics actor, by id (for their flow).
         self._actor_tasks: dict[str, _TaskState] = {}
@@ -671,6 +674,7 @@ class RunnerTracer:
         self._last_fetch = self.writer.now()
         if not states:
             return
+        self._completing = states  # still findable by _measured_task while written
         fetch = [s for s in states if s.metrics_ref is not None and s.metrics is None]
         errors = self._fetch_metrics(fetch) if fetch else {}
         if self._metrics_actor is not None and (
@@ -685,6 +689,7 @@ class RunnerTracer:
                 self._finish_task(state, state.received_ts, None)
             else:
                 self._record_failure(state.task_id, error, state.received_ts, state)
+        self._completing = []
         self._unreported.update(errors)
 
     def _fetch_metrics(self, states: list[_TaskState]) -> dict[str, BaseException]:
@@ -806,7 +811,7 @@ class RunnerTracer:
                         else:
                             self._mark_cancelled(*mark)
                     continue
-                if str(metrics.get("task_id")) != state.task_id:
+                if not _measured_itself(metrics, state, ref):
                     continue  # never ran: these are an upstream task's
             if isinstance(metrics, dict):
                 self._write_execution(metrics, state)
@@ -832,8 +837,12 @@ class RunnerTracer:
         text_key = hash(str(cause))
         upstream = self._failures_seen.get(text_key) if cause is not error else None
         if metrics is not None:
-            measured = str(metrics.get("task_id"))
-            upstream = measured if measured != str(task_id) else None
+            own = (
+                _measured_itself(metrics, state, state.metrics_ref)
+                if state is not None
+                else str(metrics.get("task_id", task_id)) == str(task_id)
+            )
+            upstream = None if own else self._measured_task(metrics)
         if upstream is not None and upstream != task_id:
             if state is not None:
                 self._drop_metrics_ref(state)
@@ -846,6 +855,10 @@ class RunnerTracer:
             return
         if len(self._failures_seen) < 10_000:
             self._failures_seen[text_key] = task_id
+        if metrics is not None and metrics.get("ray_task_id") and (
+            len(self._failed_ray_tasks) < 10_000
+        ):
+            self._failed_ray_tasks[str(metrics["ray_task_id"])] = str(task_id)
         where: dict[str, Any] = {}
         node_id, pid = (None, 0) if metrics is not None else where_from_error(error)
         if node_id:
@@ -896,6 +909,24 @@ class RunnerTracer:
 
         with contextlib.suppress(Exception):
             ray.get(ref, timeout=0)
+
+    def _measured_task(self, metrics: Metrics) -> str:
+        """The runner's id of the task that took ``metrics`` (found in another task's error).
+
+        Self-measuring tasks name themselves; a traced call's measurements name
+        only Ray's task id, which is looked up among the failed tasks and, for a
+        failure received in the same batch or not yet, the tasks in flight.
+        """
+        if metrics.get("task_id") is not None:
+            return str(metrics["task_id"])
+        ray_id = str(metrics.get("ray_task_id") or "")
+        known = self._failed_ray_tasks.get(ray_id)
+        if known is not None:
+            return known
+        for state in (*self._tasks.values(), *self._received, *self._completing):
+            if state.metrics_ref is not None and _ray_task_id(state.metrics_ref) == ray_id:
+                return state.task_id
+        return f"ray task {ray_id}" if ray_id else "?"
 
     def _new_failed_attempt(self, task_id: str, metrics: Metrics) -> bool:
         """Whether this failed attempt is seen for the first time (it may come twice:
@@ -956,7 +987,7 @@ class RunnerTracer:
                     if metrics is None:
                         self._lost(state.task_id, f"{type(exc).__name__}")
                         continue
-                    if str(metrics.get("task_id")) != state.task_id:
+                    if not _measured_itself(metrics, state, state.metrics_ref):
                         continue  # never ran: an upstream task failed (these are its measurements)
                 if metrics is None:
                     self._lost(state.task_id, "measurements unreadable")
@@ -1140,8 +1171,12 @@ class RunnerTracer:
         end = int(m.get("end_ns") or start)
         if not start:
             return
-        task_id = str(m.get("task_id", state.task_id if state else "?"))
-        stage_id = m.get("stage_id", state.stage_id if state else None)
+        # A traced call's measurements do not name their task: the driver knows it.
+        stage_id: Any
+        if state is not None:
+            task_id, stage_id = state.task_id, state.stage_id
+        else:
+            task_id, stage_id = str(m.get("task_id", "?")), m.get("stage_id")
         stage = self._stages.get(stage_id) if stage_id is not None else None
         node = self._node(str(m.get("node_id") or "unknown"))
         worker = self._worker(node, int(m.get("pid") or 0) or 1)
@@ -1376,6 +1411,31 @@ def _as_request(request: Any) -> ResourceRequest:
 def _summary(values: Iterable[int]) -> dict[str, int]:
     vals = sorted(values)
     return {"min": vals[0], "median": int(statistics.median(vals)), "max": vals[-1]}
+
+
+def _ray_task_id(ref: Any) -> str:
+    """Ray's id (hex) of the task that returns ``ref`` ("" if it cannot tell)."""
+    try:
+        return str(ref.task_id().hex())
+    except Exception:
+        return ""
+
+
+def _measured_itself(metrics: Metrics, state: _TaskState, ref: Any) -> bool:
+    """Whether ``metrics``, found in the return or error of ``state``'s task, are its own.
+
+    A task whose input failed never runs: Ray hands it the upstream task's
+    error, measurements included. Self-measuring tasks name their task; a
+    traced call's measurements name Ray's task id, and ``ref`` (one of the
+    task's return values) says which task it was.
+    """
+    if metrics.get("task_id") is not None:
+        return str(metrics["task_id"]) == state.task_id
+    ray_id = metrics.get("ray_task_id")
+    if not ray_id or ref is None:
+        return True  # nothing says otherwise
+    own = _ray_task_id(ref)
+    return not own or own == ray_id
 
 
 def _get_each(refs: list[Any]) -> list[Any]:

@@ -72,8 +72,11 @@ class TaskContext:
     A traced call (:class:`~tracer.ray.RayFunctionWrapper`) does not send it
     with every task: what is the same for every task of an execution (level,
     memray options, the metrics actor) is baked into the remote function the
-    call submits, and only the task id travels as an argument (see
-    ``tracer.ray.wrappers`` for what that saves).
+    call submits, and the task runs with that template, whose ``task_id`` is
+    empty: the driver knows which task's measurements it receives. Only with
+    a metrics actor does the task id travel, as an argument, for the failed
+    attempts that report through the actor (see ``tracer.ray.wrappers`` for
+    what each argument costs).
     """
 
     execution_id: str
@@ -122,20 +125,27 @@ def peak_rss() -> int:
 
 
 def _where() -> Metrics:
-    """Where this task runs, from Ray's runtime context (empty outside Ray)."""
-    try:
-        import ray
+    """Where this task runs, from Ray's runtime context (empty outside Ray).
 
-        if not ray.is_initialized():  # never start a Ray just to ask where we are
-            return {}
+    ``ray_task_id`` is also what identifies the measurements: a traced call
+    does not send the runner's task id to its task (the driver knows which
+    task's return value it reads), so measurements that reach the driver
+    inside another task's error (a failed input) are told apart by it.
+    """
+    try:
         fixed = _PROCESS_WHERE.get(os.getpid())
-        if fixed is None:  # a worker's node and id never change: ask Ray once
+        if fixed is None:  # a worker's node never changes: ask Ray once
+            import ray
+
+            if not ray.is_initialized():  # never start a Ray just to ask where we are
+                return {}
             ctx = ray.get_runtime_context()
-            fixed = _PROCESS_WHERE[os.getpid()] = (ctx.get_node_id(), ctx.get_worker_id(), ctx)
-        ctx = fixed[2]  # it reads the current task from the worker on every call
+            fixed = _PROCESS_WHERE[os.getpid()] = (ctx.get_node_id(), ctx, ray.is_initialized)
+        elif not fixed[2]():  # Ray was shut down in this process since
+            return {}
+        ctx = fixed[1]  # it reads the current task from the worker on every call
         where = {
             "node_id": fixed[0],
-            "worker_id": fixed[1],
             "ray_task_id": ctx.get_task_id(),
             "assigned_resources": dict(ctx.get_assigned_resources()),
         }
@@ -147,8 +157,8 @@ def _where() -> Metrics:
     return where
 
 
-#: By pid (safe across fork): node id, worker id and Ray's runtime context.
-_PROCESS_WHERE: dict[int, tuple[str, str, Any]] = {}
+#: By pid (safe across fork): node id, Ray's runtime context and ``ray.is_initialized``.
+_PROCESS_WHERE: dict[int, tuple[str, Any, Callable[[], bool]]] = {}
 
 
 def _attempt_number() -> int:
@@ -228,12 +238,7 @@ def measure_task(
     attempt Ray may retry, whose error the driver will never see); the
     exception propagates unchanged.
     """
-    metrics: Metrics = {"task_id": ctx.task_id, "pid": os.getpid()}
-    if ctx.stage_id is not None:  # a traced call leaves it to the driver, which knows it
-        metrics["stage_id"] = ctx.stage_id
-    metrics.update(_where())
-    peak_before = peak_rss()
-    metrics["rss_start"] = current_rss()
+    metrics, peak_before = _start(ctx)
     memory = _memory_tracker(ctx, metrics)
     metrics["start_ns"] = time.time_ns()
     token = _CURRENT.set(metrics)
@@ -241,17 +246,39 @@ def measure_task(
         with memory:
             yield metrics
     except BaseException as exc:
-        _finish(metrics, peak_before)
-        metrics["error_type"] = type(exc).__name__
-        metrics["error"] = str(exc)[:500]
-        with contextlib.suppress(Exception):
-            exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
+        _failed(metrics, peak_before, exc)
         _deliver(sink if sink is not None else failure_sink, metrics)
         raise
     finally:
         _CURRENT.reset(token)
     _finish(metrics, peak_before)
     _deliver(sink, metrics)
+
+
+def _start(ctx: TaskContext) -> tuple[Metrics, int]:
+    """The measurements at a task's start, and the process's peak RSS before it.
+
+    ``task_id`` is there only when the task knows it: a traced call leaves it
+    (and the stage id) to the driver, which knows which task it submitted.
+    """
+    metrics = _where()
+    metrics["pid"] = os.getpid()
+    if ctx.task_id:
+        metrics["task_id"] = ctx.task_id
+    if ctx.stage_id is not None:
+        metrics["stage_id"] = ctx.stage_id
+    peak_before = peak_rss()
+    metrics["rss_start"] = current_rss()
+    return metrics, peak_before
+
+
+def _failed(metrics: Metrics, peak_before: int, exc: BaseException) -> None:
+    """Complete the measurements of a body that raised, and attach them to its exception."""
+    _finish(metrics, peak_before)
+    metrics["error_type"] = type(exc).__name__
+    metrics["error"] = str(exc)[:500]
+    with contextlib.suppress(Exception):
+        exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
 
 
 def _finish(metrics: Metrics, peak_before: int) -> None:
@@ -337,14 +364,30 @@ def run_traced(
 
     With a metrics actor, an attempt that raises also sends its measurements
     there: if Ray retries it, that is the only way the driver learns of it.
+    Level 1 without one (the common case) is measured inline, without
+    :func:`measure_task`'s generator: a task's every line runs on cold CPU
+    caches, between two of Ray's, so what it does not run it does not pay for.
     """
-    failure_sink: Callable[[Metrics], None] | None = None
-    if ctx.metrics_actor:
-        from tracer.ray.channel import send_to_metrics_actor
+    if ctx.metrics_actor or ctx.level >= TracingLevel.MEMORY:
+        failure_sink: Callable[[Metrics], None] | None = None
+        if ctx.metrics_actor:
+            from tracer.ray.channel import send_to_metrics_actor
 
-        failure_sink = functools.partial(send_to_metrics_actor, ctx.execution_id)
-    with measure_task(ctx, failure_sink=failure_sink) as metrics:
-        result = fn(*args, **kwargs)
+            failure_sink = functools.partial(send_to_metrics_actor, ctx.execution_id)
+        with measure_task(ctx, failure_sink=failure_sink) as metrics:
+            result = fn(*args, **kwargs)
+    else:
+        metrics, peak_before = _start(ctx)
+        metrics["start_ns"] = time.time_ns()
+        token = _CURRENT.set(metrics)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _failed(metrics, peak_before, exc)
+            raise
+        finally:
+            _CURRENT.reset(token)
+        _finish(metrics, peak_before)
     packed = pack_metrics(metrics)
     if num_returns == 1:
         return result, packed
