@@ -73,6 +73,7 @@ def test_fast_and_slow_events_decode_with_perfettos_schema(tmp_path: Path, compr
 def test_fast_path_is_taken_and_reader_sees_no_problem(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(writer_module.PURE_PYTHON_ENV, "1")  # Python's own fast path
     taken = []
     fast = writer_module.TraceWriter._fast_event
 
@@ -87,6 +88,32 @@ def test_fast_path_is_taken_and_reader_sees_no_problem(
     # Both paths ran: most repeats are fast, nested/new/huge args are not.
     assert taken.count(True) > len(written)
     assert taken.count(False) >= 3
+    _check_read_back(path, written)
+
+
+@pytest.mark.skipif(writer_module._speedups is None, reason="the C encoder was not built")
+def test_the_c_encoder_takes_the_fast_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(writer_module.PURE_PYTHON_ENV, raising=False)
+    encoders = []
+    make = writer_module.TraceWriter._accelerate
+
+    def keep(self: TraceWriter, realtime_clock: bool) -> None:
+        make(self, realtime_clock)
+        encoders.append(self._encoder)
+
+    monkeypatch.setattr(writer_module.TraceWriter, "_accelerate", keep)
+    path = tmp_path / "t.perfetto-trace"
+    written = _write(path)
+    (encoder,) = encoders
+    stats = encoder.stats()
+    assert stats["args"] > len(written)  # most repeats: in C
+    assert stats["python"] >= 3  # nested, new and huge args: Python's slow path
+    _check_read_back(path, written)
+
+
+def _check_read_back(path: Path, written: list[dict[str, Any]]) -> None:
     model = read_trace(path, strict=True)
     assert not model.problems
     slices = sorted(model.slices, key=lambda s: s.ts)

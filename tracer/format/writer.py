@@ -74,6 +74,11 @@ from tracer.format._wire import (
     varint,
 )
 
+try:  # the hot path in C, built at install when a compiler is there (see _speedups.c)
+    from tracer.format import _speedups
+except ImportError:  # pragma: no cover - a build without it: the same writer, in Python
+    _speedups = None  # type: ignore[assignment]
+
 __all__ = [
     "CounterSequence",
     "CounterTrack",
@@ -346,6 +351,23 @@ class TraceWriter:
         self.start_ts = start - start % time_unit_ns
         self._last = start // time_unit_ns  # the delta chain, in units
         self._write_setup_packet(time.time_ns() if clock is not time.time_ns else start)
+        self._encoder: Any = None
+        if _speedups is not None and use_speedups():
+            self._accelerate(realtime_clock=clock is time.time_ns)
+
+    def _accelerate(self, realtime_clock: bool) -> None:
+        """Route begin/end/instant/counter through the C encoder (tracer.format._speedups).
+
+        It writes the bytes these Python methods would, into the same buffer,
+        with the same caches, and hands them every call it does not take.
+        A subclass that overrides one of the methods keeps its own.
+        """
+        base = _CoarseTraceWriter if self.time_unit_ns != 1 else TraceWriter
+        encoder = _speedups.Encoder(self, realtime_clock=realtime_clock)
+        for name in ("begin", "end", "instant", "counter"):
+            if getattr(type(self), name) is getattr(base, name):
+                self.__dict__[name] = getattr(encoder, name)
+        self._encoder = encoder
 
     # ----------------------------------------------------------------- setup
 
@@ -1232,6 +1254,8 @@ class TraceWriter:
         """Flush and close the file; further events raise :class:`TraceWriterClosedError`."""
         if self.closed:
             return
+        if self._encoder is not None:
+            self._encoder.detach()  # from now on the Python methods say it is closed
         try:
             self._flush_buffer()
         finally:
@@ -1247,6 +1271,15 @@ class TraceWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+#: Set TRACER_PURE_PYTHON=1 to write without the C encoder (it is used when built).
+PURE_PYTHON_ENV = "TRACER_PURE_PYTHON"
+
+
+def use_speedups() -> bool:
+    """Whether new writers take the C encoder: built, and not turned off by the environment."""
+    return _speedups is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0")
 
 
 def _open_for_writing(path: Path) -> Any:
