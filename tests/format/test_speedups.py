@@ -92,6 +92,12 @@ COUNTER_VALUES = (
     | st.sampled_from([math.nan, 1.0, True, "7"])
 )
 
+SAMPLE_VALUES = st.one_of(
+    st.none(),
+    st.integers(0, 5),
+    st.integers(0, 5),
+    st.sampled_from([2**63 - 1, -(2**63), 2**63, True, 1.5, "3"]),
+)
 OP = st.one_of(
     st.tuples(st.just("begin"), TRACKS, NAMES, TIMES, CATEGORIES, ARGS, FLOWS, FLOWS,
               st.booleans()),
@@ -101,6 +107,8 @@ OP = st.one_of(
     st.tuples(st.just("counter"), TRACKS, COUNTER_VALUES, TIMES, st.booleans()),
     st.tuples(st.just("complete"), TRACKS, NAMES, st.integers(0, 100), ARGS),
     st.tuples(st.just("flush")),
+    st.tuples(st.just("sample"), st.sampled_from([0, 1, 1]), TIMES,
+              st.lists(SAMPLE_VALUES, min_size=1, max_size=4)),
 )
 
 
@@ -131,6 +139,11 @@ class _Program:
             [1],  # unhashable
         ]
         self.now = START
+        counters = self.tracks[4:7]
+        self.sequences = [
+            w.counter_sequence([counters[0]]),
+            w.counter_sequence([counters[1], counters[2], counters[0]], time_unit_ns=100),
+        ]
 
     def ts(self, spec: Any) -> Any:
         if spec is None:
@@ -197,6 +210,13 @@ class _Program:
             w.complete(self.tracks[t], name, start, start + dur, args=args)
         elif kind == "flush":
             w.flush()
+        elif kind == "sample":
+            _, i, ts, values = op
+            sequence = self.sequences[i]
+            n = len(sequence.tracks)
+            when = self.ts(ts)
+            given = values if len(values) == 4 else (values * n)[:n]  # 4: a wrong count
+            sequence.sample(START if when is None else when, *given)
         else:
             w.close()
 
@@ -231,6 +251,8 @@ GOOD_OP = st.one_of(
               st.none() | COMMON_ARGS, GOOD_FLOWS, GOOD_FLOWS, st.booleans()),
     st.tuples(st.just("counter"), st.sampled_from([4, 5, 6]),
               st.integers(-2, 2**40) | st.floats(allow_nan=False), GOOD_TIMES, st.booleans()),
+    st.tuples(st.just("sample"), st.sampled_from([0, 1]), GOOD_TIMES,
+              st.lists(st.none() | st.integers(0, 3), min_size=1, max_size=3)),
 )
 
 
@@ -268,6 +290,11 @@ def test_the_c_encoder_writes_the_python_writers_bytes(
                 op = ("close",)
             assert fast.run(op) == pure.run(op), f"op {i}: {op}"
             assert fast.clock.now == pure.clock.now, f"op {i}: the clock was read differently"
+            assert [q.samples_written for q in fast.sequences] == [
+                q.samples_written for q in pure.sequences
+            ], f"op {i}"
+        sequences = [q.sample.__self__.stats()["fast"] for q in fast.sequences]
+        event(f"C took counter samples: {'yes' if any(sequences) else 'no'}")
         stats = fast.writer._encoder.stats()
         event(f"C took events with args: {'yes' if stats['args'] else 'no'}")
         event(f"C took cached events: {'yes' if stats['cached'] else 'no'}")

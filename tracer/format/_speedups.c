@@ -81,6 +81,8 @@ typedef struct {
     Scratch defs;
 } Encoder;
 
+static PyTypeObject EncoderType;
+
 static PyObject *str_last;   /* "_last" */
 static PyObject *str_dedupe; /* "dedupe" */
 static PyObject *str_emit;   /* "_emit" */
@@ -287,12 +289,11 @@ maybe_flush(Encoder *self)
     return 0;
 }
 
-/* The writer's Python method ``fb`` with this call's own arguments. */
+/* ``fb(first, *args, **kwargs)`` with a call's own arguments. */
 static PyObject *
-fallback(Encoder *self, PyObject *fb, PyObject *const *args, Py_ssize_t nargs,
-         PyObject *kwnames)
+call_python(PyObject *fb, PyObject *first, PyObject *const *args, Py_ssize_t nargs,
+            PyObject *kwnames)
 {
-    self->n_python++;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *small[12];
     PyObject **stack = small;
@@ -301,13 +302,22 @@ fallback(Encoder *self, PyObject *fb, PyObject *const *args, Py_ssize_t nargs,
         if (stack == NULL)
             return PyErr_NoMemory();
     }
-    stack[0] = self->writer;
+    stack[0] = first;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++)
         stack[1 + i] = args[i];
     PyObject *r = PyObject_Vectorcall(fb, stack, 1 + nargs, kwnames);
     if (stack != small)
         PyMem_Free(stack);
     return r;
+}
+
+/* The writer's Python method ``fb`` with this call's own arguments. */
+static PyObject *
+fallback(Encoder *self, PyObject *fb, PyObject *const *args, Py_ssize_t nargs,
+         PyObject *kwnames)
+{
+    self->n_python++;
+    return call_python(fb, self->writer, args, nargs, kwnames);
 }
 
 /* Python's writer._emit(ts, body [+ value]) for a reading C cannot encode. */
@@ -1108,6 +1118,309 @@ Encoder_detach(Encoder *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* -------------------------------------------------------- counter sequences */
+
+/* CounterSequence.sample, in C: one COUNTER event for the tracks whose value
+ * changed, on the sequence's own clock (see CounterSequence in writer.py). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *sequence;  /* the CounterSequence */
+    PyObject *sdict;     /* its __dict__: _last_units and samples_written live there */
+    Encoder *encoder;    /* its writer's encoder: the buffer, and whether it closed */
+    PyObject *last;      /* list: the last value written per track */
+    PyObject *uuids;     /* list of bytes: varint uuid per track */
+    PyObject *extra_uuids;
+    PyObject *seq;       /* bytes: trusted_packet_sequence_id field */
+    PyObject *fallback;  /* CounterSequence.sample (the Python function) */
+    long long unit;
+    unsigned long long n_fast, n_python;
+} Sequence;
+
+static PyObject *str_last_units, *str_samples_written;
+
+static PyObject *
+sequence_fallback(Sequence *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    self->n_python++;
+    return call_python(self->fallback, self->sequence, args, nargs, kwnames);
+}
+
+static PyObject *
+Sequence_sample(Sequence *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (self->sequence == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Sequence is not bound to a CounterSequence");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(self->uuids);
+    Encoder *enc = self->encoder;
+    if (kwnames != NULL || enc->closed || nargs != 1 + n || n > 9 || PyList_GET_SIZE(self->last) != n)
+        goto python;
+    PyObject *ts = args[0];
+    long long when;
+    if (!PyLong_CheckExact(ts))
+        goto python;
+    {
+        int overflow = 0;
+        when = PyLong_AsLongLongAndOverflow(ts, &overflow);
+        if (overflow || (when == -1 && PyErr_Occurred()) || when < 0) {
+            PyErr_Clear();
+            goto python;
+        }
+    }
+    PyObject *units_obj = PyDict_GetItemWithError(self->sdict, str_last_units);
+    if (units_obj == NULL || !PyLong_CheckExact(units_obj)) { /* None: the setup packet is Python's */
+        PyErr_Clear();
+        goto python;
+    }
+    long long last_units = PyLong_AsLongLong(units_obj);
+    if (last_units == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto python;
+    }
+    int changed[9];
+    long long values[9];
+    int nchanged = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = args[1 + i];
+        if (value == Py_None)
+            continue;
+        if (!PyLong_CheckExact(value))
+            goto python;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            goto python;
+        }
+        PyObject *previous = PyList_GET_ITEM(self->last, i);
+        if (previous != Py_None) {
+            if (!PyLong_CheckExact(previous))
+                goto python;
+            long long p = PyLong_AsLongLongAndOverflow(previous, &overflow);
+            if (!overflow && !(p == -1 && PyErr_Occurred()) && p == v)
+                continue;
+            PyErr_Clear();
+        }
+        changed[nchanged] = (int)i;
+        values[nchanged] = v;
+        nchanged++;
+    }
+    if (nchanged == 0) {
+        self->n_fast++;
+        Py_RETURN_NONE;
+    }
+    self->n_fast++;
+    /* event: 48 04 [58 uuid] F0 01 v0 [F8 01 uuid ...] [60 v ...] */
+    char event[16 + 9 * 24];
+    char *p = event;
+    int first = changed[0];
+    *p++ = 0x48;
+    *p++ = 0x04;
+    if (first != 0) {
+        PyObject *u = PyList_GET_ITEM(self->uuids, first);
+        if (!PyBytes_CheckExact(u) || PyBytes_GET_SIZE(u) > 10)
+            goto python;
+        *p++ = 0x58;
+        memcpy(p, PyBytes_AS_STRING(u), (size_t)PyBytes_GET_SIZE(u));
+        p += PyBytes_GET_SIZE(u);
+    }
+    *p++ = (char)0xf0;
+    *p++ = 0x01;
+    p = put_varint(p, (uint64_t)values[0]);
+    int rest = nchanged - 1;
+    if (rest && (first != 0 || changed[nchanged - 1] != rest)) {
+        for (int k = 1; k < nchanged; k++) {
+            PyObject *u = PyList_GET_ITEM(self->extra_uuids, changed[k]);
+            if (!PyBytes_CheckExact(u) || PyBytes_GET_SIZE(u) > 12)
+                goto python;
+            memcpy(p, PyBytes_AS_STRING(u), (size_t)PyBytes_GET_SIZE(u));
+            p += PyBytes_GET_SIZE(u);
+        }
+    }
+    for (int k = 1; k < nchanged; k++) {
+        *p++ = 0x60;
+        p = put_varint(p, (uint64_t)values[k]);
+    }
+    Py_ssize_t event_len = p - event;
+    long long units = when / self->unit;
+    int absolute = units < last_units;
+    uint64_t stamp = absolute ? (uint64_t)when : (uint64_t)(units - last_units);
+    Py_ssize_t seq_len = PyBytes_GET_SIZE(self->seq);
+    Py_ssize_t inner = seq_len + 1 + vlen((uint64_t)event_len) + event_len + (absolute ? 3 : 0)
+                       + 1 + vlen(stamp);
+    Py_ssize_t total = 1 + vlen((uint64_t)inner) + inner;
+    PyObject *buf = enc->buf;
+    Py_ssize_t old = PyByteArray_GET_SIZE(buf);
+    if (PyByteArray_Resize(buf, old + total) < 0)
+        return NULL;
+    char *q = PyByteArray_AS_STRING(buf) + old;
+    *q++ = 0x0a;
+    q = put_varint(q, (uint64_t)inner);
+    memcpy(q, PyBytes_AS_STRING(self->seq), (size_t)seq_len);
+    q += seq_len;
+    *q++ = 0x5a;
+    q = put_varint(q, (uint64_t)event_len);
+    memcpy(q, event, (size_t)event_len);
+    q += event_len;
+    if (absolute) {
+        *q++ = (char)0xd0;
+        *q++ = 0x03;
+        *q++ = 0x06;
+    }
+    *q++ = 0x40;
+    put_varint(q, stamp);
+    if (!absolute) {
+        PyObject *u = PyLong_FromLongLong(units);
+        if (u == NULL || PyDict_SetItem(self->sdict, str_last_units, u) < 0) {
+            Py_XDECREF(u);
+            return NULL;
+        }
+        Py_DECREF(u);
+    }
+    for (int k = 0; k < nchanged; k++) {
+        PyObject *value = args[1 + changed[k]];
+        Py_INCREF(value);
+        if (PyList_SetItem(self->last, changed[k], value) < 0)
+            return NULL;
+    }
+    PyObject *written = PyDict_GetItemWithError(self->sdict, str_samples_written);
+    if (written != NULL) {
+        PyObject *more = PyLong_FromLongLong(PyLong_AsLongLong(written) + nchanged);
+        if (more == NULL || PyDict_SetItem(self->sdict, str_samples_written, more) < 0) {
+            Py_XDECREF(more);
+            return NULL;
+        }
+        Py_DECREF(more);
+    }
+    else if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (maybe_flush(enc) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+python:
+    return sequence_fallback(self, args, nargs, kwnames);
+}
+
+static int
+Sequence_init(Sequence *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"sequence", "encoder", NULL};
+    PyObject *sequence, *encoder;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &sequence, &encoder))
+        return -1;
+    if (!PyObject_TypeCheck(encoder, &EncoderType) || ((Encoder *)encoder)->writer == NULL) {
+        PyErr_SetString(PyExc_TypeError, "encoder must be a bound Encoder");
+        return -1;
+    }
+    PyObject *sdict = PyObject_GenericGetDict(sequence, NULL);
+    if (sdict == NULL)
+        return -1;
+    PyObject *last = PyObject_GetAttrString(sequence, "_last");
+    PyObject *uuids = PyObject_GetAttrString(sequence, "_uuids");
+    PyObject *extra = PyObject_GetAttrString(sequence, "_extra_uuids");
+    PyObject *seq = PyObject_GetAttrString(sequence, "_seq");
+    PyObject *unit = PyObject_GetAttrString(sequence, "time_unit_ns");
+    PyObject *fb = PyObject_GetAttrString((PyObject *)Py_TYPE(sequence), "sample");
+    if (last == NULL || uuids == NULL || extra == NULL || seq == NULL || unit == NULL || fb == NULL
+        || !PyList_CheckExact(last) || !PyList_CheckExact(uuids) || !PyList_CheckExact(extra)
+        || !PyBytes_CheckExact(seq)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "not a CounterSequence this encoder knows");
+        goto error;
+    }
+    self->unit = PyLong_AsLongLong(unit);
+    if (self->unit < 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "time_unit_ns must be positive");
+        goto error;
+    }
+    Py_DECREF(unit);
+    Py_XSETREF(self->sequence, Py_NewRef(sequence));
+    Py_XSETREF(self->sdict, sdict);
+    Py_XSETREF(self->encoder, (Encoder *)Py_NewRef(encoder));
+    Py_XSETREF(self->last, last);
+    Py_XSETREF(self->uuids, uuids);
+    Py_XSETREF(self->extra_uuids, extra);
+    Py_XSETREF(self->seq, seq);
+    Py_XSETREF(self->fallback, fb);
+    return 0;
+error:
+    Py_DECREF(sdict);
+    Py_XDECREF(last);
+    Py_XDECREF(uuids);
+    Py_XDECREF(extra);
+    Py_XDECREF(seq);
+    Py_XDECREF(unit);
+    Py_XDECREF(fb);
+    return -1;
+}
+
+static int
+Sequence_traverse(Sequence *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->sequence);
+    Py_VISIT(self->sdict);
+    Py_VISIT(self->encoder);
+    Py_VISIT(self->last);
+    Py_VISIT(self->uuids);
+    Py_VISIT(self->extra_uuids);
+    Py_VISIT(self->seq);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+Sequence_clear(Sequence *self)
+{
+    Py_CLEAR(self->sequence);
+    Py_CLEAR(self->sdict);
+    Py_CLEAR(self->encoder);
+    Py_CLEAR(self->last);
+    Py_CLEAR(self->uuids);
+    Py_CLEAR(self->extra_uuids);
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+Sequence_dealloc(Sequence *self)
+{
+    PyObject_GC_UnTrack(self);
+    Sequence_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Sequence_stats(Sequence *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("{sKsK}", "fast", self->n_fast, "python", self->n_python);
+}
+
+static PyMethodDef Sequence_methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))Sequence_sample, METH_FASTCALL | METH_KEYWORDS,
+     "CounterSequence.sample, in C (see tracer.format.writer)."},
+    {"stats", (PyCFunction)Sequence_stats, METH_NOARGS,
+     "How many samples were taken here and handed to Python."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SequenceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tracer.format._speedups.Sequence",
+    .tp_doc = "CounterSequence.sample of one counter sequence, in C.",
+    .tp_basicsize = sizeof(Sequence),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Sequence_init,
+    .tp_dealloc = (destructor)Sequence_dealloc,
+    .tp_traverse = (traverseproc)Sequence_traverse,
+    .tp_clear = (inquiry)Sequence_clear,
+    .tp_methods = Sequence_methods,
+};
+
 /* ------------------------------------------------------------- lifecycle */
 
 static PyObject *
@@ -1346,7 +1659,7 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&EncoderType) < 0)
+    if (PyType_Ready(&EncoderType) < 0 || PyType_Ready(&SequenceType) < 0)
         return NULL;
     struct {
         PyObject **slot;
@@ -1356,6 +1669,7 @@ PyInit__speedups(void)
         {&str_flush, "_flush_buffer"}, {&kw_track, "track"}, {&kw_name, "name"},
         {&kw_ts, "ts"}, {&kw_category, "category"}, {&kw_args, "args"},
         {&kw_flows, "flows"}, {&kw_tflows, "terminating_flows"}, {&kw_value, "value"},
+        {&str_last_units, "_last_units"}, {&str_samples_written, "samples_written"},
     };
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         if (*strings[i].slot == NULL) {
@@ -1370,6 +1684,12 @@ PyInit__speedups(void)
     Py_INCREF(&EncoderType);
     if (PyModule_AddObject(m, "Encoder", (PyObject *)&EncoderType) < 0) {
         Py_DECREF(&EncoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SequenceType);
+    if (PyModule_AddObject(m, "Sequence", (PyObject *)&SequenceType) < 0) {
+        Py_DECREF(&SequenceType);
         Py_DECREF(m);
         return NULL;
     }

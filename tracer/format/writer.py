@@ -1390,18 +1390,8 @@ class CounterSequence:
     are the tracks' stored integers (before ``unit_multiplier``).
     """
 
-    __slots__ = (
-        "_extra_uuids",
-        "_last",
-        "_last_units",
-        "_seq",
-        "_uuids",
-        "_writer",
-        "samples_written",
-        "sequence_id",
-        "time_unit_ns",
-        "tracks",
-    )
+    # No __slots__: with the C encoder, ``sample`` is an instance attribute (the
+    # C method), and the state it shares with the Python code lives in __dict__.
 
     def __init__(
         self,
@@ -1421,6 +1411,9 @@ class CounterSequence:
         self._last_units: int | None = None  # None until the setup packet is written
         #: Values written (a packet carries one or more).
         self.samples_written = 0
+        encoder = writer._encoder
+        if encoder is not None and type(self).sample is CounterSequence.sample:
+            self.__dict__["sample"] = _speedups.Sequence(self, encoder).sample
 
     def _setup(self, ts: int) -> None:
         """The sequence's first packet: clear, defaults, clock snapshot anchored at ``ts``."""
