@@ -287,7 +287,7 @@ def worker_side_costs() -> dict[str, float]:
             pass
         return {
             "measure_task (whole)": _ns_per_call(measured, n) / 1000,
-            "  where: runtime context": _ns_per_call(_where, n) / 1000,
+            "  where: node, Ray task id, resources": _ns_per_call(_where, n) / 1000,
             "  current_rss (/proc read)": _ns_per_call(current_rss, n) / 1000,
             "pack the metrics (pack_metrics)": _ns_per_call(lambda: pack_metrics(metrics), n)
             / 1000,

@@ -112,7 +112,14 @@ _MAX_FAILED_ATTEMPTS = 100_000
 
 
 def _guarded(method: _F) -> _F:
-    """Run a tracer method; on any error, disable tracing once instead of failing the job."""
+    """Run a tracer method; on any error, disable tracing once instead of failing the job.
+
+    The calls a dispatch loop makes for every wave and task (loop slices,
+    counters, marks, a task's dispatch) spell the same guard out inline: a
+    wrapper is one more Python frame and an argument tuple per call, and
+    between two of Ray's calls the loop runs on cold CPU caches, where each
+    costs a few hundred ns more.
+    """
 
     @functools.wraps(method)
     def wrapper(self: RunnerTracer, *args: Any, **kwargs: Any) -> Any:
@@ -323,6 +330,8 @@ class RunnerTracer:
         self._cancelled: list[tuple[_TaskState, Any]] = []
         self._cancelled_running: dict[str, tuple[Track, int, dict[str, Any]]] = {}
         self._memory = MemoryTrace(writer, level)
+        self._template: TaskContext | None = None  # see task_template
+        self._request_annotations: dict[int, tuple[ResourceRequest, dict[str, Any]]] = {}
 
         totals = cluster_resources or {}
         self._total_cpus = float(totals.get("CPU", 0.0))
@@ -409,12 +418,14 @@ class RunnerTracer:
 
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
-        if self._received and self.writer.now() - self._last_fetch >= _FETCH_INTERVAL_NS:
+        now = self.writer.now()
+        if self._received and now - self._last_fetch >= _FETCH_INTERVAL_NS:
             self._complete_received()
-        self._drain_metrics()
+            now = self.writer.now()
+        if self._pending_metrics or self._metrics_actor is not None:
+            self._drain_metrics()
         if self._cancelled:
             self._poll_cancelled(0)
-        now = self.writer.now()
         if now - self._last_settle >= _SETTLE_INTERVAL_NS:  # memory counters: late anyway
             self._last_settle = now
             self._memory.settle(self._memory_watermark())
@@ -447,9 +458,14 @@ class RunnerTracer:
 
     plan_polling = get_next_physical_plan
 
-    @_guarded
     def _loop_instant(self, name: str, args: dict[str, Any] | None = None) -> None:
-        self.writer.instant(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.instant(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        except Exception as exc:
+            self._disable(exc)
 
     def mark_noop_task_start(self) -> None:
         """A task the runner completes without Ray (e.g. a no-op) starts."""
@@ -492,10 +508,15 @@ class RunnerTracer:
         else:
             self._loop_instant(instant)
 
-    @_guarded
     def count_inflight_tasks(self, count: int) -> None:
         """Sample the number of tasks in flight."""
-        self.writer.counter(self._inflight, count)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.counter(self._inflight, count)
+        except Exception as exc:
+            self._disable(exc)
 
     def _sample_resources(self) -> None:
         w = self.writer
@@ -550,7 +571,7 @@ class RunnerTracer:
             L.ARG_TASK_ID: state.task_id,
             L.ARG_STAGE_ID: stage_id,
             L.ARG_STAGE: stage.name,
-            L.ARG_RESOURCE_REQUEST: request.as_args(),
+            L.ARG_RESOURCE_REQUEST: self._request_args(request),
         }
         if instructions:
             args[L.ARG_INSTRUCTIONS] = instructions
@@ -558,19 +579,49 @@ class RunnerTracer:
             args[L.ARG_ATTEMPT] = state.attempt
         self.writer.begin(lane, stage.name, now, category=L.CAT_TASK, args=args)
 
+    def _request_args(self, request: ResourceRequest) -> dict[str, int | float]:
+        """``request.as_args()``, made once per request object (a stage's tasks share one)."""
+        cached = self._request_annotations.get(id(request))
+        if cached is not None and cached[0] is request:
+            return cached[1]
+        args = request.as_args()
+        if len(self._request_annotations) >= 1024:
+            self._request_annotations.clear()
+        self._request_annotations[id(request)] = (request, args)
+        return args
+
     def _new_lane(self) -> Track:
         return self.writer.track(L.TASK_LANE, parent=self._tasks_root)
 
-    @_guarded
     def task_dispatched(self, task_id: str) -> TaskContext | None:
         """The task was submitted to Ray; returns the context a traced task runs with."""
-        state = self._tasks.get(str(task_id))
+        state = self._dispatched(task_id)
+        return None if state is None else self._task_context(state)
+
+    def _dispatched(self, task_id: str) -> _TaskState | None:
+        """Record the dispatch; the task's state if a traced call may measure it.
+
+        What :class:`~tracer.ray.RayFunctionWrapper` calls: the context the
+        task runs with is the execution's (:attr:`task_template`), the same
+        for every task, so none is made per task.
+        """
+        if self._disabled:
+            return None
+        try:
+            with self._lock:
+                return self._record_dispatch(task_id)
+        except Exception as exc:
+            self._disable(exc)
+            return None
+
+    def _record_dispatch(self, task_id: str) -> _TaskState | None:
+        state = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
         if state is None:
             return None
         if state.dispatch_ts is not None:
             # Recorded already (by the runner, then again by the wrapper that
             # submits it): the wrapper still gets the context, once.
-            return self._task_context(state) if state.metrics_ref is None else None
+            return state if state.metrics_ref is None else None
         now = self.writer.now()
         state.dispatch_ts = now
         self.writer.begin(state.lane, L.SLICE_DISPATCHED, now, category=L.CAT_TASK)
@@ -578,7 +629,7 @@ class RunnerTracer:
         self._used_cpus += req.num_cpus or 0
         self._used_gpus += req.num_gpus or 0
         self._used_mem += req.memory_bytes or 0
-        return self._task_context(state)
+        return state
 
     def _task_context(self, state: _TaskState) -> TaskContext:
         return TaskContext(
@@ -587,13 +638,30 @@ class RunnerTracer:
             self.memray_all_allocations,
         )
 
-    @_guarded
+    @property
+    def task_template(self) -> TaskContext:
+        """The context every traced task of this execution runs with (its task id empty)."""
+        template = self._template
+        if template is None or template.metrics_actor != (self._metrics_actor is not None):
+            template = self._template = TaskContext(
+                self.execution_id, "", None, int(self.level), self.memray_native_traces,
+                self._metrics_actor is not None, self.memray_all_allocations,
+            )
+        return template
+
     def register_metrics_ref(self, task_id: str, ref: Any) -> None:
         """Where the task's measurements will arrive (the return channel)."""
-        state = self._tasks.get(str(task_id))
-        if state is not None:
-            state.metrics_ref = ref
-            self._actor_tasks.pop(state.task_id, None)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                state = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
+                if state is not None:
+                    state.metrics_ref = ref
+                    if self._actor_channel:
+                        self._actor_tasks.pop(state.task_id, None)
+        except Exception as exc:
+            self._disable(exc)
 
     def task_not_ready(self, task_id: str) -> None:
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
@@ -1347,11 +1415,25 @@ class _LoopSlice:
         self._end_args: dict[str, Any] = {}
 
     def __enter__(self) -> Callable[..., None]:
-        self._tracer._begin_loop(self._name, self._args)
+        tracer = self._tracer
+        if not tracer._disabled:
+            try:
+                with tracer._lock:
+                    tracer.writer.begin(
+                        tracer._loop, self._name, category=L.CAT_SCHEDULER, args=self._args
+                    )
+            except Exception as exc:
+                tracer._disable(exc)
         return self._end_args.update
 
     def __exit__(self, *exc: object) -> None:
-        self._tracer._end_loop(self._end_args or None)
+        tracer = self._tracer
+        if not tracer._disabled:
+            try:
+                with tracer._lock:
+                    tracer.writer.end(tracer._loop, args=self._end_args or None)
+            except Exception as exc:
+                tracer._disable(exc)
 
 
 class _Wave:
@@ -1366,7 +1448,15 @@ class _Wave:
 
     def __enter__(self) -> Callable[..., None]:
         tracer = self._tracer
-        tracer._begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._wave_num})
+        if not tracer._disabled:
+            try:
+                with tracer._lock:
+                    tracer.writer.begin(
+                        tracer._loop, L.SLICE_WAVE, category=L.CAT_SCHEDULER,
+                        args={L.ARG_WAVE: self._wave_num},
+                    )
+            except Exception as exc:
+                tracer._disable(exc)
         tracer._wave_counts = {}
         return self._metrics.update
 
