@@ -355,10 +355,13 @@ def test_the_encoder_is_used_for_plain_writers_and_not_overridden_methods(
         w.close()
 
 
-def test_the_realtime_clock_read_in_c_is_the_wall_clock(tmp_path: Path) -> None:
+def test_the_realtime_clock_read_in_c_is_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the default clock, C reads CLOCK_REALTIME itself, as time.time_ns does."""
     import time
 
+    monkeypatch.delenv(writer_module.PURE_PYTHON_ENV, raising=False)
     path = tmp_path / "now.perfetto-trace"
     before = time.time_ns()
     with TraceWriter(path) as w:

@@ -13,7 +13,10 @@ Why it looks the way it does:
   cached per-(track, name) bodies framed ahead: two dict lookups and two or
   three ``+=`` of prebuilt bytes (the timestamp delta's varint comes from
   tables). It does not validate; events whose track, name or category are seen
-  for the first time take a slow path that does.
+  for the first time take a slow path that does. When the optional C
+  extension was built (:mod:`tracer.format._speedups`), the same hot path
+  runs in C, writing the same bytes and handing the Python methods below
+  every call it does not take: they remain the definition of what is written.
 * **Compact.** Names, categories, annotation names and repeated string values
   are interned per sequence; timestamps are delta-encoded through an
   incremental clock (id 64) anchored by a ClockSnapshot that also records
