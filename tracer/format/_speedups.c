@@ -18,7 +18,7 @@
  *
  * State shared with the Python writer: the delta chain ``_last`` (read from
  * and written to the writer's __dict__ at every event, so the Python paths
- * see it), the buffer (the same bytearray), the caches. The writer detaches
+ * see it), the buffer (the same bytearray), the caches. The writer stops
  * the encoder when it closes; from then on every call goes to Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -1112,7 +1112,7 @@ Encoder_stats(Encoder *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-Encoder_detach(Encoder *self, PyObject *Py_UNUSED(ignored))
+Encoder_stop(Encoder *self, PyObject *Py_UNUSED(ignored))
 {
     self->closed = 1;
     Py_RETURN_NONE;
@@ -1630,7 +1630,7 @@ static PyMethodDef Encoder_methods[] = {
      "TraceWriter.counter, in C (see tracer.format.writer)."},
     {"stats", (PyCFunction)Encoder_stats, METH_NOARGS,
      "How many calls were taken here (cached events, events with args) and handed to Python."},
-    {"detach", (PyCFunction)Encoder_detach, METH_NOARGS,
+    {"stop", (PyCFunction)Encoder_stop, METH_NOARGS,
      "From now on every call goes to the writer's Python methods (the writer closed)."},
     {NULL, NULL, 0, NULL},
 };

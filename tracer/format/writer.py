@@ -1260,7 +1260,7 @@ class TraceWriter:
         if self.closed:
             return
         if self._encoder is not None:
-            self._encoder.detach()  # from now on the Python methods say it is closed
+            self._encoder.stop()  # from now on the Python methods say it is closed
         try:
             self._flush_buffer()
         finally:
