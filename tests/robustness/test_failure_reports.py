@@ -190,6 +190,9 @@ def test_a_task_whose_input_failed_names_the_failed_task(tmp_path: Path, order: 
         ids = ["0-0", "1-0"] if order == "upstream first" else ["1-0", "0-0"]
         failures = tracer.tasks_received_as_ready(ids)
         failures.update(tracer.complete_received())
+        for ref in (up, down):  # read, as a runner would: no "unhandled error" later
+            with pytest.raises(ValueError, match="bad partition 3"):
+                ray.get(ref)
     assert sorted(failures) == ["0-0", "1-0"]
     model = read_trace(path, strict=True)
     tasks = {s.args[L.ARG_TASK_ID]: s for s in model.slices

@@ -104,6 +104,9 @@ _ACTOR_START_TIMEOUT_S = 30.0
 #: the metrics actor (a task's fire-and-forget call may land after the runner
 #: received its result), and of cancelled tasks.
 _CLOSE_GRACE_S = 1.0
+#: How long a failed task's measurements return is waited for, to be read
+#: once (see RunnerTracer._drop_metrics_ref): it arrives with the task's result.
+_DROP_WAIT_S = 0.5
 #: Error types of a cancelled task (Ray's, and what a task sees inside).
 _CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
 #: Failed attempts remembered so that one reported twice (through the actor
@@ -964,11 +967,15 @@ class RunnerTracer:
 
     @staticmethod
     def _drop_metrics_ref(state: _TaskState) -> None:
-        """Forget a failed task's measurements return, read once if it is ready.
+        """Forget a failed task's measurements return, read once it is there.
 
         It holds the task's error, like the result the runner already read:
         dropped unread, Ray logs it as an "Unhandled error" that the runner
-        did handle. Not ready (a cancelled task still running): left alone.
+        did handle. A task's return values come in one reply, but the driver
+        stores them one by one: the runner may see the result's error a few
+        µs before this one is there, so it is waited for, briefly
+        (``_DROP_WAIT_S``). Not there by then (a task the runner reports
+        failed while it still runs): left alone.
         """
         ref, state.metrics_ref = state.metrics_ref, None
         if ref is None:
@@ -976,7 +983,7 @@ class RunnerTracer:
         import ray
 
         with contextlib.suppress(Exception):
-            ray.get(ref, timeout=0)
+            ray.get(ref, timeout=_DROP_WAIT_S)
 
     def _measured_task(self, metrics: Metrics) -> str:
         """The runner's id of the task that took ``metrics`` (found in another task's error).
