@@ -153,3 +153,34 @@ def test_with_a_metrics_actor_the_task_id_travels_as_the_first_argument() -> Non
     metrics = unpack_metrics(measurements)
     assert metrics is not None
     assert metrics["task_id"] == "t-wire" and metrics["rows"] == 12
+
+
+@ray.remote
+def _where_without_core_worker() -> tuple[dict[str, object], dict[str, object], str]:
+    """Where this task runs, through the core worker and then with it broken."""
+    from tracer.ray import task_metrics
+
+    fast = task_metrics._where()
+    proc = task_metrics._PROCESS
+    assert proc is not None
+
+    class Broken:
+        def __getattr__(self, name: str) -> object:
+            raise AttributeError(name)
+
+    core, proc.core = proc.core, Broken()
+    try:
+        public = task_metrics._where()
+    finally:
+        proc.core = core
+    return fast, public, ray.get_runtime_context().get_task_id()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_where_a_task_ran_survives_a_core_worker_that_differs() -> None:
+    """The core worker is Ray's private API: if it changes, the public one answers."""
+    fast, public, task_id = ray.get(_where_without_core_worker.remote())
+    assert fast["ray_task_id"] == public["ray_task_id"] == task_id
+    assert fast["node_id"] == public["node_id"] == ray.get_runtime_context().get_node_id()
+    assert fast["assigned_resources"] == public["assigned_resources"] == {"CPU": 1.0}
+    assert "attempt" not in public  # only the core worker knows it

@@ -163,11 +163,25 @@ def _where() -> Metrics:
             "assigned_resources": dict(proc.assigned),
         }
         attempt = int(core.get_current_task_attempt_number())
-    except Exception:  # Ray shutting down
-        return {}
+    except Exception:  # a Ray whose core worker differs from 2.60's, or one shutting down
+        return _where_public(proc)
     if attempt:
         where["attempt"] = attempt
     return where
+
+
+def _where_public(proc: _ProcessRay) -> Metrics:
+    """:func:`_where` through Ray's public runtime context: slower, and without the
+    attempt number, which only the core worker has (Ray 2.60)."""
+    try:
+        context = proc.context
+        return {
+            "node_id": proc.node_id,
+            "ray_task_id": context.get_task_id(),
+            "assigned_resources": dict(context.get_assigned_resources()),
+        }
+    except Exception:  # Ray shutting down
+        return {}
 
 
 class _ProcessRay:
