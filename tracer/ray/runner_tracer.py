@@ -411,13 +411,23 @@ class RunnerTracer:
         """A wave of the dispatch loop; yields ``update(**metrics)`` for the wave's args."""
         return _Wave(self, wave_num)
 
-    @_guarded
     def _begin_loop(self, name: str, args: dict[str, Any] | None = None) -> None:
-        self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.begin(self._loop, name, category=L.CAT_SCHEDULER, args=args)
+        except Exception as exc:
+            self._disable(exc)
 
-    @_guarded
     def _end_loop(self, args: dict[str, Any] | None = None) -> None:
-        self.writer.end(self._loop, args=args)
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self.writer.end(self._loop, args=args)
+        except Exception as exc:
+            self._disable(exc)
 
     @_guarded
     def _end_wave(self, metrics: dict[str, Any]) -> None:
@@ -1422,25 +1432,11 @@ class _LoopSlice:
         self._end_args: dict[str, Any] = {}
 
     def __enter__(self) -> Callable[..., None]:
-        tracer = self._tracer
-        if not tracer._disabled:
-            try:
-                with tracer._lock:
-                    tracer.writer.begin(
-                        tracer._loop, self._name, category=L.CAT_SCHEDULER, args=self._args
-                    )
-            except Exception as exc:
-                tracer._disable(exc)
+        self._tracer._begin_loop(self._name, self._args)
         return self._end_args.update
 
     def __exit__(self, *exc: object) -> None:
-        tracer = self._tracer
-        if not tracer._disabled:
-            try:
-                with tracer._lock:
-                    tracer.writer.end(tracer._loop, args=self._end_args or None)
-            except Exception as exc:
-                tracer._disable(exc)
+        self._tracer._end_loop(self._end_args or None)
 
 
 class _Wave:
@@ -1455,15 +1451,7 @@ class _Wave:
 
     def __enter__(self) -> Callable[..., None]:
         tracer = self._tracer
-        if not tracer._disabled:
-            try:
-                with tracer._lock:
-                    tracer.writer.begin(
-                        tracer._loop, L.SLICE_WAVE, category=L.CAT_SCHEDULER,
-                        args={L.ARG_WAVE: self._wave_num},
-                    )
-            except Exception as exc:
-                tracer._disable(exc)
+        tracer._begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._wave_num})
         tracer._wave_counts = {}
         return self._metrics.update
 
