@@ -77,8 +77,12 @@ typedef struct {
     int closed;
     /* Calls taken here (cached events, events with args) and handed to Python. */
     unsigned long long n_cached, n_args, n_python;
+    /* Scratch space, reused from event to event: the TrackEvent, the strings it
+     * defines, one annotation, the packet body. */
     Scratch event;
     Scratch defs;
+    Scratch ann;
+    Scratch body;
 } Encoder;
 
 static PyTypeObject EncoderType;
@@ -316,6 +320,10 @@ static PyObject *
 fallback(Encoder *self, PyObject *fb, PyObject *const *args, Py_ssize_t nargs,
          PyObject *kwnames)
 {
+    if (self->writer == NULL) { /* never bound (its __init__ failed), or cleared by the GC */
+        PyErr_SetString(PyExc_RuntimeError, "Encoder is not bound to a TraceWriter");
+        return NULL;
+    }
     self->n_python++;
     return call_python(fb, self->writer, args, nargs, kwnames);
 }
@@ -700,18 +708,16 @@ put_arg(Encoder *self, Scratch *ann, PyObject *key, PyObject *value)
 static int
 put_args(Encoder *self, PyObject *args)
 {
-    Scratch ann = {NULL, 0, 0};
     Py_ssize_t pos = 0;
     PyObject *key, *value;
     int rc = 0;
     while (rc == 0 && PyDict_Next(args, &pos, &key, &value)) {
         Py_INCREF(key);
         Py_INCREF(value);
-        rc = put_arg(self, &ann, key, value);
+        rc = put_arg(self, &self->ann, key, value);
         Py_DECREF(key);
         Py_DECREF(value);
     }
-    PyMem_Free(ann.data);
     return rc;
 }
 
@@ -799,12 +805,13 @@ args_event(Encoder *self, int kind, PyObject *track, PyObject *name, PyObject *t
     Py_ssize_t body_len = seq_len + 1 + vlen((uint64_t)e->len) + e->len;
     if (self->defs.len)
         body_len += 1 + vlen((uint64_t)self->defs.len) + self->defs.len;
-    Scratch body = {NULL, 0, 0};
-    if (scratch_reserve(&body, body_len) < 0) {
+    Scratch *body = &self->body;
+    body->len = 0;
+    if (scratch_reserve(body, body_len) < 0) {
         Py_XDECREF(clock_obj);
         return NULL;
     }
-    char *p = body.data;
+    char *p = body->data;
     memcpy(p, PyBytes_AS_STRING(self->seq), (size_t)seq_len);
     p += seq_len;
     *p++ = 0x5a;
@@ -817,27 +824,22 @@ args_event(Encoder *self, int kind, PyObject *track, PyObject *name, PyObject *t
         memcpy(p, self->defs.data, (size_t)self->defs.len);
         p += self->defs.len;
     }
-    body.len = p - body.data;
+    body->len = p - body->data;
     if (clock_obj == NULL && !get_last(self, &last)) {
-        PyMem_Free(body.data);
         PyErr_SetString(PyExc_RuntimeError, "the writer's delta chain changed while encoding");
         return NULL;
     }
     PyObject *result = NULL;
     if (clock_obj != NULL) {
-        result = python_emit(self, clock_obj, body.data, body.len, NULL, 0);
+        result = python_emit(self, clock_obj, body->data, body->len, NULL, 0);
         Py_DECREF(clock_obj);
-        if (result == NULL) {
-            PyMem_Free(body.data);
+        if (result == NULL)
             return NULL;
-        }
         Py_DECREF(result);
     }
-    else if (emit(self, when, last, body.data, body.len, NULL, 0) != 0) {
-        PyMem_Free(body.data);
+    else if (emit(self, when, last, body->data, body->len, NULL, 0) != 0) {
         return NULL;
     }
-    PyMem_Free(body.data);
     if (maybe_flush(self) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -869,7 +871,8 @@ cached_event(Encoder *self, PyObject *frames, PyObject *ts, const char *value,
             Py_DECREF(body);
             return NULL;
         }
-        if (clock_obj == NULL && !get_last(self, &last)) { /* a clock of Python's wrote? */
+        if (!self->realtime_clock && clock_obj == NULL && !get_last(self, &last)) {
+            /* a clock of Python's ran: it may have written events */
             Py_DECREF(body);
             PyErr_SetString(PyExc_RuntimeError, "the writer's delta chain changed");
             return NULL;
@@ -1572,6 +1575,8 @@ Encoder_dealloc(Encoder *self)
     Encoder_clear(self);
     PyMem_Free(self->event.data);
     PyMem_Free(self->defs.data);
+    PyMem_Free(self->ann.data);
+    PyMem_Free(self->body.data);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1584,49 +1589,14 @@ Encoder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* Methods called before __init__ succeeded have no writer to go to. */
-#define CHECK_READY(self)                                                                     \
-    if ((self)->writer == NULL) {                                                             \
-        PyErr_SetString(PyExc_RuntimeError, "Encoder is not bound to a TraceWriter");         \
-        return NULL;                                                                          \
-    }
-
-static PyObject *
-Encoder_begin_m(Encoder *self, PyObject *const *a, Py_ssize_t n, PyObject *k)
-{
-    CHECK_READY(self);
-    return Encoder_begin(self, a, n, k);
-}
-
-static PyObject *
-Encoder_end_m(Encoder *self, PyObject *const *a, Py_ssize_t n, PyObject *k)
-{
-    CHECK_READY(self);
-    return Encoder_end(self, a, n, k);
-}
-
-static PyObject *
-Encoder_instant_m(Encoder *self, PyObject *const *a, Py_ssize_t n, PyObject *k)
-{
-    CHECK_READY(self);
-    return Encoder_instant(self, a, n, k);
-}
-
-static PyObject *
-Encoder_counter_m(Encoder *self, PyObject *const *a, Py_ssize_t n, PyObject *k)
-{
-    CHECK_READY(self);
-    return Encoder_counter(self, a, n, k);
-}
-
 static PyMethodDef Encoder_methods[] = {
-    {"begin", (PyCFunction)(void (*)(void))Encoder_begin_m, METH_FASTCALL | METH_KEYWORDS,
+    {"begin", (PyCFunction)(void (*)(void))Encoder_begin, METH_FASTCALL | METH_KEYWORDS,
      "TraceWriter.begin, in C (see tracer.format.writer)."},
-    {"end", (PyCFunction)(void (*)(void))Encoder_end_m, METH_FASTCALL | METH_KEYWORDS,
+    {"end", (PyCFunction)(void (*)(void))Encoder_end, METH_FASTCALL | METH_KEYWORDS,
      "TraceWriter.end, in C (see tracer.format.writer)."},
-    {"instant", (PyCFunction)(void (*)(void))Encoder_instant_m, METH_FASTCALL | METH_KEYWORDS,
+    {"instant", (PyCFunction)(void (*)(void))Encoder_instant, METH_FASTCALL | METH_KEYWORDS,
      "TraceWriter.instant, in C (see tracer.format.writer)."},
-    {"counter", (PyCFunction)(void (*)(void))Encoder_counter_m, METH_FASTCALL | METH_KEYWORDS,
+    {"counter", (PyCFunction)(void (*)(void))Encoder_counter, METH_FASTCALL | METH_KEYWORDS,
      "TraceWriter.counter, in C (see tracer.format.writer)."},
     {"stats", (PyCFunction)Encoder_stats, METH_NOARGS,
      "How many calls were taken here (cached events, events with args) and handed to Python."},
