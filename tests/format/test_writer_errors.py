@@ -128,6 +128,8 @@ MISUSES: dict[str, tuple[type[Exception], str, Misuse]] = {
     "duplicate pid": (ValueError, "already has a process track",
                       lambda w, t: w.process_track(10, "again")),
     "tid 0": (ValueError, "tid", lambda w, t: w.thread_track(10, 0, "t")),
+    # trace_processor truncates tids to 32 bits.
+    "tid 2**32": (ValueError, "tid", lambda w, t: w.thread_track(10, 1 << 32, "t")),
     "duplicate thread": (ValueError, "already has a track",
                          lambda w, t: w.thread_track(10, 11, "again")),
     "negative rank": (ValueError, "rank", lambda w, t: w.track("x", rank=-1)),

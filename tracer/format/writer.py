@@ -432,10 +432,15 @@ class TraceWriter:
     def thread_track(
         self, pid: int, tid: int, name: str, *, rank: int | None = None
     ) -> Track:
-        """Declare a thread track (one per (pid, tid)) inside process ``pid``."""
+        """Declare a thread track (one per (pid, tid)) inside process ``pid``.
+
+        ``tid`` must be below 2**32, as a Linux tid is: trace_processor
+        truncates a larger one to 32 bits (in a descriptor that follows the
+        first event), which shows as a second, nameless thread.
+        """
         _check_name(name)
         _check_id("pid", pid, 1 << 31)
-        _check_id("tid", tid, 1 << 63)
+        _check_id("tid", tid, 1 << 32)
         if (pid, tid) in self._tids:
             raise InvalidArgumentError(
                 f"thread {pid}/{tid} already has a track ({self._tids[pid, tid]!r})"

@@ -84,6 +84,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # Synthetic pids/tids for nodes and workers: real worker pids repeat across
 # the machines of a cluster, and trace_processor keys threads by tid.
 _NODE_PID_BASE = 2_000_000_000
+#: Linux pids (and the driver's own tids) are below 2**22: a worker's tid is its
+#: pid in its node's own block of that size, so tids stay below 2**32 (a larger
+#: one is truncated by trace_processor, which then shows a phantom thread).
+_PID_SPACE = 1 << 22
+_NODE_BLOCKS = (1 << 32) // _PID_SPACE - 1
 _FLUSH_INTERVAL_S = 1.0
 _MIN_FLUSH_GAP_S = 0.02
 #: Memory counter samples (late by nature) are written out at most this often.
@@ -1220,7 +1225,7 @@ class RunnerTracer:
     def _worker(self, node: _Node, pid: int) -> _Worker:
         worker = node.workers.get(pid)
         if worker is None:
-            tid = ((node.index + 1) << 32) | (pid & 0xFFFFFFFF)
+            tid = (node.index % _NODE_BLOCKS + 1) * _PID_SPACE + pid % _PID_SPACE
             track = self.writer.thread_track(
                 _NODE_PID_BASE + node.index, tid, f"{L.WORKER_THREAD_PREFIX} {pid}"
             )
