@@ -337,6 +337,9 @@ class RunnerTracer:
         # bring their measurements (then their execution says it all).
         self._cancelled: list[tuple[_TaskState, Any]] = []
         self._cancelled_running: dict[str, tuple[Track, int, dict[str, Any]]] = {}
+        # Cancelled tasks by id, for the execution the actor may still bring (its stage's
+        # arrow and its request); bounded like the failures remembered.
+        self._cancelled_tasks: dict[str, _TaskState] = {}
         self._memory = MemoryTrace(writer, level)
         self._template: TaskContext | None = None  # see task_template
         self._request_annotations: dict[int, tuple[ResourceRequest, dict[str, Any]]] = {}
@@ -858,6 +861,10 @@ class RunnerTracer:
         if state is None:
             return  # unknown, or already received: cancelling it changed nothing
         self._actor_tasks.pop(state.task_id, None)
+        if self._actor_channel:  # a running task's attempt may report through the actor
+            if len(self._cancelled_tasks) >= _MAX_FAILED_ATTEMPTS:
+                self._cancelled_tasks.clear()
+            self._cancelled_tasks[state.task_id] = state
         self._measured_failures.pop(state.task_id, None)
         ref, state.metrics_ref = state.metrics_ref, None
         state.metrics = None
@@ -1145,6 +1152,11 @@ class RunnerTracer:
     def _from_actor(self, metrics: Metrics) -> None:
         task_id = str(metrics.get("task_id"))
         self._cancelled_running.pop(task_id, None)
+        cancelled = self._cancelled_tasks.pop(task_id, None)
+        if cancelled is not None:  # it was running when cancelled: this is how it ended
+            if self._new_failed_attempt(task_id, metrics):
+                self._write_execution(metrics, cancelled)
+            return
         if metrics.get("error_type"):
             if not self._new_failed_attempt(task_id, metrics):
                 return  # already written from the task's error
@@ -1410,6 +1422,7 @@ class RunnerTracer:
             self._lost(state.task_id, "measurements did not arrive before the close")
         self._pending_metrics.clear()
         self._cancelled.clear()
+        self._cancelled_tasks.clear()
         self._measured_failures.clear()
         self._unreported.clear()
         for stage in self._stages.values():
