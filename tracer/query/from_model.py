@@ -198,12 +198,9 @@ def executions(model: TraceModel) -> list[Row]:
     """``tracer_execution``: one row per task execution measured in a worker."""
     rows: list[Row] = []
     for s in model.slices:
-        if (
-            s.category != L.CAT_EXECUTION
-            or s.name is None
-            or s.name == L.INSTANT_TASK_FAILED
-            or s.dur is None
-        ):
+        # model.slices holds no instants: the "task failed" / "task cancelled"
+        # marks that tracer_tables.sql leaves out by name are not here.
+        if s.category != L.CAT_EXECUTION or s.name is None or s.dur is None:
             continue
         node, worker = _thread_of(model, s.track_uuid)
         peak = _bytes(s.args, L.ARG_MEMORY_PEAK)

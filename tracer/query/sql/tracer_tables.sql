@@ -55,7 +55,9 @@ CREATE INDEX tracer_task_by_task_id ON tracer_task(task_id);
 DROP TABLE tracer_dispatched;
 
 -- One row per task execution, measured inside the Ray worker (category
--- 'execution', on a worker thread of a node process, or on a lane under the
+-- 'execution', but not the 'task failed' / 'task cancelled' instants marking
+-- where a task stopped: trace_processor keeps instants as zero-length slices),
+-- on a worker thread of a node process, or on a lane under the
 -- worker when executions overlap). memory_peak is the task's peak memory:
 -- memray's heap peak at level 2 (peak_source 'heap'), else the worker
 -- process's peak RSS while the task ran (peak_source 'rss': level 1, or level 2
@@ -82,7 +84,8 @@ FROM slice AS s
 LEFT JOIN thread_track AS tt ON tt.id = s.track_id
 LEFT JOIN thread AS th ON th.utid = tt.utid
 LEFT JOIN process AS p ON p.upid = th.upid
-WHERE s.category = 'execution' AND s.name != 'task failed' AND s.dur >= 0;
+WHERE s.category = 'execution' AND s.name NOT IN ('task failed', 'task cancelled')
+  AND s.dur >= 0;
 CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 
 -- One row per task attempt with its execution joined by the task_id
