@@ -6,7 +6,7 @@ The SQL files run three ways here:
   always: the SQL is valid and computes what the reader engine computes;
 * in a real trace_processor, when a binary can be found ($TRACE_PROCESSOR_PATH,
   the perfetto package's cache, or trace_processor_shell on PATH); skipped
-  otherwise, with the reason.
+  otherwise, with the reason (failed where it is required: tests/tp_check.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import sqlite_tp
-from pandas.testing import assert_frame_equal
+from engines_agree import BUCKETS, assert_engines_agree, same
+from engines_agree import analysis as _analysis
 
 from tracer.query import (
     ANALYSES,
@@ -34,18 +34,7 @@ from tracer.query import (
 from tracer.query.sql import worker_utilisation_sql
 
 TRACES = ["level1_trace", "level2_trace", "truncated_trace", "synthetic"]
-BUCKETS = 7
-
-
-def _analysis(q: TraceQuery, name: str) -> pd.DataFrame:
-    if name == "worker_utilisation":
-        return q.worker_utilisation(BUCKETS)
-    result: pd.DataFrame = getattr(q, name)()
-    return result
-
-
-def _same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
-    assert_frame_equal(a, b, check_exact=False, rtol=1e-12, obj=name)
+_same = same
 
 
 # ------------------------------------------------------------- the SQL files
@@ -86,27 +75,31 @@ def test_sqlite_check_can_fail(synthetic: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tp_bin() -> str:
-    try:
-        return find_trace_processor()
-    except TraceProcessorNotFoundError:
-        pytest.skip(
-            "no trace_processor binary here: set TRACE_PROCESSOR_PATH to check the SQL files "
-            "in trace_processor (they are checked in SQLite above)"
-        )
+def tp_bin(trace_processor_bin: str) -> str:
+    return trace_processor_bin
 
 
 @pytest.mark.parametrize("trace", TRACES)
 def test_trace_processor_agrees_with_the_reader(
     trace: str, tp_bin: str, request: pytest.FixtureRequest
 ) -> None:
-    path: Path = request.getfixturevalue(trace)
-    reader = TraceQuery(path)
-    with TraceQuery(path, QueryConfig(engine="trace_processor", trace_processor_path=tp_bin)) as tp:
-        assert tp.engine == "trace_processor"
-        for name in ANALYSES:
-            _same(_analysis(tp, name), _analysis(reader, name), name)
-        assert tp.run_info() == reader.run_info()
+    """Here on real runs at levels 1 and 2, a cut copy and a synthetic trace; also on the
+    traces of a two-node run (tests/ray/test_ray_cluster.py), exceptions, retries and
+    cancellations (tests/robustness/test_task_failures.py), a driver killed with SIGKILL
+    (tests/robustness/test_write_failures.py) and a real OOM kill
+    (tests/ray/test_memory_oom.py), where those runs are made."""
+    assert_engines_agree(request.getfixturevalue(trace), tp_bin)
+
+
+def test_the_agreement_check_can_fail(synthetic: Path, tp_bin: str) -> None:
+    """A wrong number in one engine is caught (a guard against a vacuous comparison)."""
+    reader = TraceQuery(synthetic, QueryConfig(engine="reader"))
+    with TraceQuery(synthetic, QueryConfig(engine="trace_processor",
+                                           trace_processor_path=tp_bin)) as tp:
+        theirs = _analysis(tp, "task_latency")
+        theirs.loc[0, "total_ns"] += 1
+        with pytest.raises(AssertionError):
+            _same(theirs, _analysis(reader, "task_latency"), "task_latency")
 
 
 def test_trace_processor_runs_any_sql(level1_trace: Path, tp_bin: str) -> None:
