@@ -91,8 +91,7 @@ def run(path: Path) -> None:
             writer, execution_id="golden", runner_name="golden", level=TracingLevel.MEMORY,
             cluster_resources={"CPU": 4.0, "GPU": 0.0, "memory": 8.0 * (1 << 30)},
         )
-    tracer._stop_flusher.set()  # flushes move bytes only; keep the run single-threaded
-    tracer._flusher.join()
+    tracer._flusher.stop(join=True)  # flushes move bytes only; keep the run single-threaded
     small = ResourceRequest(num_cpus=1, memory_bytes=2 * MIB)
     big = ResourceRequest(num_cpus=1, num_gpus=0, memory_bytes=64 * MIB)
 

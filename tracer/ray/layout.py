@@ -28,7 +28,7 @@ COUNTER_AVAILABLE_GPUS = "available GPUs"
 COUNTER_AVAILABLE_MEMORY = "available memory"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
-# on a packet sequence of its own (see tracer.ray.memory_trace).
+# on a packet sequence of its own (see tracer.ray.timeline.memory).
 #: Under a worker's thread: heap of the task running there (level 2, memray's
 #: 10 ms snapshots; 0 between tasks, as nothing is tracked then).
 COUNTER_WORKER_HEAP = "heap"

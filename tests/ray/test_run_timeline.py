@@ -1,0 +1,92 @@
+"""The run timeline on its own: any producer draws a run with plain facts, no Ray needed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from engines_agree import assert_engines_agree
+
+from tracer.format import TraceWriter, read_trace
+from tracer.query import QueryConfig, TraceQuery
+from tracer.ray import ResourceRequest, TracingLevel
+from tracer.ray import layout as L
+from tracer.ray.timeline import RunTimeline, TimelineTask
+
+T0 = 1_800_000_000_000_000_000
+MS = 1_000_000
+MIB = 1 << 20
+TIMELINE = Path(__file__).resolve().parents[2] / "tracer" / "ray" / "timeline"
+
+
+def test_the_timeline_knows_nothing_of_ray() -> None:
+    """Its modules import the format layer and the layout's names, never Ray nor producers."""
+    allowed = {"tracer.format", "tracer.ray.layout", "tracer.ray.levels", "tracer.ray.resources"}
+    for path in sorted(TIMELINE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("tracer", "tracer.ray"):
+                names = [f"{node.module}.{alias.name}" for alias in node.names]  # a submodule
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith(("ray", "tracer")):
+                    assert name in allowed or name.startswith("tracer.ray.timeline"), (
+                        f"{path.name} imports {name}"
+                    )
+
+
+def _measured(start: int, node: str, pid: int, peak: int) -> dict[str, object]:
+    return {"start_ns": start, "end_ns": start + 10 * MS, "node_id": node, "pid": pid,
+            "heap_peak": peak, "rss_peak": 100 * MIB, "allocations": 3}
+
+
+def test_a_producer_draws_a_run_with_facts(tmp_path: Path) -> None:
+    path = tmp_path / "facts.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="facts", runner_name="engine", level=TracingLevel.MEMORY,
+                         cluster_resources={"CPU": 2.0, "memory": 4.0 * (1 << 30)},
+                         loop_pid=77, loop_tid=77)
+        request = ResourceRequest(num_cpus=1, memory_bytes=4 * MIB)
+        tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: 0})
+        tasks = []
+        for i, node in enumerate(["n" * 40, "m" * 40]):
+            task = tl.task_created(TimelineTask, f"t{i}", 0, request, T0 + i * MS,
+                                   stage_name="map")
+            tl.task_dispatched(task, T0 + 2 * MS)
+            tasks.append((task, node))
+        tl.count_inflight(2)
+        tl.end_loop({L.ARG_TASKS_DISPATCHED: 2})
+        for i, (task, node) in enumerate(tasks):
+            tl.execution(_measured(T0 + 3 * MS, node, 500 + i, (2 + 4 * i) * MIB), task)
+            tl.task_ended(task, T0 + 20 * MS, None)
+        failed = tl.task_created(TimelineTask, "t2", 0, request, T0 + 21 * MS)
+        tl.task_ended(failed, T0 + 22 * MS, {L.ARG_STATUS: L.STATUS_FAILED})
+        tl.mark(tl.locate("n" * 40, 501), L.INSTANT_TASK_FAILED, T0 + 22 * MS,
+                {L.ARG_TASK_ID: "t2"})
+        tl.lost("t3", "never came")
+        tl.stage_done(0)
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    names = {t.name for t in model.tracks.values()}
+    assert {"Scheduler (engine)", L.DISPATCH_LOOP_THREAD, L.TASKS_TRACK, L.STAGES_TRACK,
+            "0: map", "worker 500", "worker 501", L.COUNTER_NODE_MEMORY_USED} <= names
+    assert {n for n in names if n and n.startswith(L.NODE_PROCESS_PREFIX)} == {
+        "Node 0 (nnnnnnnn)", "Node 1 (mmmmmmmm)"}
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert [e.name for e in executions] == ["map", "map"]
+    assert [e.args.get(L.ARG_OVER_REQUEST) for e in executions] == [None, True]
+    (stage,) = [s for s in model.slices if s.category == L.CAT_STAGE]
+    assert stage.args[L.ARG_TASKS_OVER_REQUEST] == 1
+    assert sorted((f.source_id, f.dest_id) for f in model.flows) == sorted(
+        (stage.id, e.id) for e in executions)
+    (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+    assert run.args[L.ARG_LOST_MEASUREMENTS] == 1
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        summary = q.stage_summary()
+    assert list(summary["stage"]) == ["map"] and list(summary["tasks"]) == [3]
+    assert_engines_agree(path)
