@@ -1,0 +1,107 @@
+"""Inside Ray Data's workers: every map task measured, its measurements sent to the driver.
+
+Ray Data runs each task of a map operator as ``_map_task(map_transformer,
+...)``, in a task-pool worker or an actor-pool actor alike, and the
+operator's ``MapTransformer`` (pickled to every task or actor) is the one
+object of the driver's that every task runs through. When the driver
+traces, the operator's transformer becomes a :class:`TracedMapTransformer`
+before the operator starts (see :mod:`._compat`): its ``apply_transform``
+wraps the task's output blocks in :func:`~tracer.ray.task_metrics.measure_task`,
+from the first block Ray Data asks for to the last one (or the error): when,
+where (node, worker pid, Ray's task id), the worker's RSS, and at level 2
+the task under memray.
+
+The measurements reach the driver through the job's metrics actor
+(fire-and-forget, ~0.2 ms a task): a Ray Data map task is a streaming
+generator, so it has no last return value to carry them, as the runner's
+tasks do. A task's own exception goes on unchanged: the copy of the
+measurements that :func:`measure_task` attaches to it is taken off again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ray.data._internal.execution.operators.map_transformer import MapTransformer
+
+from tracer.ray.metrics_actor import send_to_metrics_actor
+from tracer.ray.task_metrics import Metrics, TaskContext, measure_task
+
+__all__ = ["MeasureSpec", "TracedMapTransformer", "trace_transformer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSpec:
+    """What a traced operator's tasks need to measure themselves and report.
+
+    ``channel``: the job's metrics actor key; ``op``: the operator's token,
+    which the driver maps to its execution and stage; ``level``: 1 or 2.
+    """
+
+    channel: str
+    op: str
+    level: int
+
+
+class TracedMapTransformer(MapTransformer):  # type: ignore[misc]  # Ray's class is untyped
+    """Ray Data's ``MapTransformer`` whose tasks measure themselves (see the module doc).
+
+    Made by swapping the class of the operator's own transformer
+    (:func:`trace_transformer`), so that everything else about it, and every
+    ``isinstance`` check, stays Ray Data's.
+    """
+
+    _tracer_spec: MeasureSpec
+
+    def apply_transform(
+        self, input_blocks: Iterable[Any], ctx: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        blocks = super().apply_transform(input_blocks, ctx, *args, **kwargs)
+        spec = getattr(self, "_tracer_spec", None)
+        if spec is None:
+            return blocks
+        return _measured(blocks, spec, int(getattr(ctx, "task_idx", -1)))
+
+    def fuse(self, other: Any) -> Any:
+        """Ray Data fuses a split step in when an operator starts: the result stays traced."""
+        fused = super().fuse(other)
+        trace_transformer(fused, self._tracer_spec)
+        return fused
+
+
+def trace_transformer(transformer: Any, spec: MeasureSpec) -> bool:
+    """Make ``transformer`` measure its tasks; False if it is not a plain ``MapTransformer``."""
+    cls = type(transformer)
+    if cls is MapTransformer:
+        transformer.__class__ = TracedMapTransformer
+    elif cls is not TracedMapTransformer:
+        return False
+    transformer._tracer_spec = spec
+    return True
+
+
+def _measured(blocks: Iterable[Any], spec: MeasureSpec, task_idx: int) -> Iterator[Any]:
+    """The task's blocks, measured from the first asked for to the last (or the error).
+
+    A consumer that stops early (``close()``) ends the measurement as it is.
+    """
+    ctx = TaskContext(spec.channel, "", None, spec.level)
+
+    def sink(metrics: Metrics) -> None:
+        metrics["op"] = spec.op
+        metrics["task_idx"] = task_idx
+        send_to_metrics_actor(spec.channel, metrics)
+
+    try:
+        with measure_task(ctx, sink):
+            try:
+                yield from blocks
+            except GeneratorExit:
+                return
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            del exc.__tracer_metrics__  # type: ignore[attr-defined]
+        raise
