@@ -1,0 +1,217 @@
+"""Ray Data pipelines traced with no code change, on real Ray Data (one node).
+
+Each test runs a tiny pipeline (a handful of blocks: Ray Data on 2 CPUs
+spends ~10 ms of its scheduling loop per task) and checks the trace it wrote
+against what the pipeline itself reports: the pids and nodes its UDFs ran
+in, Ray Data's operator names, its task counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="Ray Data needs pip install -e '.[raydata]'")
+
+import ray
+import ray.data
+from engines_agree import assert_engines_agree
+from ray_data_checks import (
+    by_task,
+    check_data_trace,
+    executions,
+    load_data_trace,
+    only_trace,
+)
+
+import tracer.integrations.ray_data as traced_data
+from tracer.errors import InvalidTracingLevelError
+from tracer.query import QueryConfig, TraceQuery
+from tracer.ray import layout as L
+
+MIB = 1 << 20
+BLOCKS = 6
+CALLBACK = "tracer.integrations.ray_data.TracingCallback"
+
+
+def where(batch: dict[str, Any]) -> dict[str, Any]:
+    """A task-pool UDF that records where it ran."""
+    n = len(batch["id"])
+    batch["pid"] = [os.getpid()] * n
+    batch["node"] = [ray.get_runtime_context().get_node_id()] * n
+    return batch
+
+
+class ActorWhere:
+    """An actor-pool UDF (a class): where it ran, in a column of its own."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch["actor_pid"] = [os.getpid()] * len(batch["id"])
+        return batch
+
+
+@pytest.fixture(autouse=True)
+def _quiet_data_context(ray_local: None) -> Iterator[None]:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield
+    traced_data.disable()
+
+
+def _pipeline() -> Any:
+    return (
+        ray.data.range(BLOCKS * 2, override_num_blocks=BLOCKS)
+        .map_batches(where, memory=4 * MIB)
+        .map_batches(ActorWhere, compute=ray.data.ActorPoolStrategy(size=1))
+    )
+
+
+def test_a_pipeline_is_traced_like_a_runner(tmp_path: Path) -> None:
+    assert traced_data.enable(level=1, path=tmp_path)
+    rows = _pipeline().take_all()
+    assert sorted(r["id"] for r in rows) == list(range(BLOCKS * 2))
+
+    path = only_trace(tmp_path)
+    assert path.name.startswith("ray-data.dataset_") and path in traced_data.trace_paths()
+    model, rt = load_data_trace(path)
+    # memory= keeps Ray Data from fusing the read into the first map; the class UDF
+    # runs on an actor pool: three physical operators, numbered as Ray Data numbers them.
+    stages = check_data_trace(rt, {"1: ReadRange": BLOCKS, "2: MapBatches(where)": BLOCKS,
+                                   "3: MapBatches(ActorWhere)": BLOCKS})
+    tasks = by_task(rt.task_slices)
+    execs = by_task(executions(model))
+    assert set(execs) == set(tasks)
+
+    # Each execution is on the worker its UDF ran in: task pool and actor pool.
+    task_pids = {r["pid"] for r in rows}
+    actor_pids = {r["actor_pid"] for r in rows}
+    assert len(actor_pids) == 1 and not task_pids & actor_pids
+    workers = {e.name: set() for e in execs.values()}
+    for e in execs.values():
+        workers[e.name].add(int(model.tracks[e.track_uuid].name.split()[-1]))  # type: ignore[union-attr]
+    assert workers["MapBatches(where)"] == task_pids
+    assert workers["MapBatches(ActorWhere)"] == actor_pids
+    assert not workers["ReadRange"] & actor_pids
+
+    for task_id, task in tasks.items():
+        e = execs[task_id]
+        # Ray's task id, on the task (Ray Data's) and on the execution (the worker's).
+        assert task.args[L.ARG_RAY_TASK_ID] == e.args[L.ARG_RAY_TASK_ID]
+        assert task.args[L.ARG_BLOCKS_IN] == 1 and task.args[L.ARG_BLOCKS_OUT] == 1
+        assert task.args[L.ARG_ROWS_OUT] == 2 and task.args[L.ARG_BYTES_OUT] > 0
+        # Level 1: the actual memory is Ray Data's own USS peak of the task.
+        assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK] > 10 * MIB
+        if task.name == "MapBatches(where)":
+            assert task.args[L.ARG_ROWS_IN] == 2
+            assert task.args[L.ARG_RESOURCE_REQUEST] == {
+                "num_cpus": 1, "num_gpus": 0, "memory_bytes": 4 * MIB}
+            assert e.args[L.ARG_OVER_REQUEST] is True
+
+    # The loop: a wave per scheduling step, with what it submitted and saw finish.
+    waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
+    assert sum(w.args[L.ARG_TASKS_DISPATCHED] for w in waves) == 3 * BLOCKS
+    assert sum(w.args[L.ARG_TASKS_FINISHED] for w in waves) == 3 * BLOCKS
+    for name in stages:
+        assert max(rt.counter_values(L.COUNTER_STAGE_INFLIGHT.format(stage=name))) >= 1
+    assert max(rt.counter_values(L.COUNTER_INFLIGHT)) >= 1
+    assert rt.counter_values(L.COUNTER_INFLIGHT)[-1] == 0
+    assert L.COUNTER_OBJECT_STORE_USED in rt.counters
+    assert L.COUNTER_AVAILABLE_OBJECT_STORE in rt.counters
+
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        summary = q.stage_summary()
+        info = q.run_info()
+    assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
+    assert list(summary["tasks"]) == [BLOCKS] * 3
+    assert list(summary["over_request"]) == [0, BLOCKS, 0]
+    assert info["runner"] == "ray-data"
+    assert_engines_agree(path)
+
+
+def test_the_environment_switches_it_on_and_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RAY_DATA_EXECUTION_CALLBACKS + TRACER_ENABLE_RAY_TRACING, no code: the session's folder."""
+    from tracer.ray.output import default_trace_dir
+
+    folder = default_trace_dir()
+    before = set(folder.glob("ray-data.*")) if folder.exists() else set()
+    monkeypatch.setenv("RAY_DATA_EXECUTION_CALLBACKS", CALLBACK)
+
+    monkeypatch.delenv("TRACER_ENABLE_RAY_TRACING", raising=False)
+    assert ray.data.range(4, override_num_blocks=2).map_batches(where).count() == 4
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "0")
+    assert ray.data.range(4, override_num_blocks=2).map_batches(where).count() == 4
+    assert (set(folder.glob("ray-data.*")) if folder.exists() else set()) == before
+
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "7")
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        assert ray.data.range(4, override_num_blocks=2).map_batches(where).count() == 4
+    assert "invalid $TRACER_ENABLE_RAY_TRACING '7'" in caplog.text
+    assert (set(folder.glob("ray-data.*")) if folder.exists() else set()) == before
+
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "1")
+    with caplog.at_level(logging.INFO, logger="tracer"):
+        rows = ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()
+    assert len(rows) == 4
+    (path,) = set(folder.glob("ray-data.*")) - before
+    assert path.suffix == ".perfetto-trace" and str(path) in caplog.text
+    _, rt = load_data_trace(path)
+    check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+
+
+def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(InvalidTracingLevelError, match="valid levels"):
+        traced_data.enable(level=7)
+    a_file = tmp_path / "a-file.txt"
+    a_file.write_bytes(b"")
+    with pytest.raises(ValueError, match="folder"):
+        traced_data.enable(path=a_file)
+    assert not traced_data.enable(level=0)
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_pipeline_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    traced_data.enable(level=1, path=blocker / "traces")
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        assert sorted(r["id"] for r in _pipeline().take_all()) == list(range(BLOCKS * 2))
+    assert "running untraced" in caplog.text
+
+
+def test_a_ray_too_old_is_named_and_runs_untraced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tracer.integrations.ray_data import _compat
+
+    monkeypatch.setattr(_compat, "ray_version", lambda: "2.49.2")
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        assert not traced_data.enable(level=1, path=tmp_path)
+    assert "Ray 2.49.2 is too old" in caplog.text and "2.50 or newer" in caplog.text
+    # Registered anyway (another context, the environment): still untraced, still right.
+    monkeypatch.setenv("RAY_DATA_EXECUTION_CALLBACKS", CALLBACK)
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "1")
+    assert ray.data.range(4, override_num_blocks=2).map_batches(where).count() == 4
+    assert not list(tmp_path.iterdir())
+
+
+def test_executions_measured_twice_are_counted_once(tmp_path: Path) -> None:
+    """Two registrations (environment and enable()) trace an execution once."""
+    os.environ["RAY_DATA_EXECUTION_CALLBACKS"] = CALLBACK
+    try:
+        traced_data.enable(level=1, path=tmp_path)
+        assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    finally:
+        del os.environ["RAY_DATA_EXECUTION_CALLBACKS"]
+    _model, rt = load_data_trace(only_trace(tmp_path))
+    check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+    waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
+    assert Counter(w.args[L.ARG_WAVE] for w in waves).most_common(1)[0][1] == 1
