@@ -215,3 +215,103 @@ def test_executions_measured_twice_are_counted_once(tmp_path: Path) -> None:
     check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
     waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
     assert Counter(w.args[L.ARG_WAVE] for w in waves).most_common(1)[0][1] == 1
+
+
+def flaky(batch: dict[str, Any]) -> dict[str, Any]:
+    if 5 in list(batch["id"]):
+        raise ValueError("boom in block with id 5")
+    return batch
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error, its Ray ``cause`` and Python ``__cause__``, and theirs."""
+    out: list[BaseException] = []
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if any(e is seen for seen in out):
+            continue
+        out.append(e)
+        todo.extend(c for c in (getattr(e, "cause", None), e.__cause__)
+                    if isinstance(c, BaseException))
+    return out
+
+
+def _failure_of(pipeline: Any) -> BaseException:
+    with pytest.raises(Exception) as info:
+        pipeline.materialize()
+    return info.value
+
+
+def test_a_udf_that_raises_reaches_the_user_unchanged_and_is_in_the_trace(tmp_path: Path) -> None:
+    def pipeline() -> Any:
+        return ray.data.range(BLOCKS * 2, override_num_blocks=BLOCKS).map_batches(flaky)
+
+    untraced = _failure_of(pipeline())
+    traced_data.enable(level=1, path=tmp_path)
+    traced = _failure_of(pipeline())
+    # Ray makes a RayTaskError class per error: the same name, bases and message.
+    assert type(traced).__name__ == type(untraced).__name__
+    assert type(traced).__mro__[1:] == type(untraced).__mro__[1:]
+    assert str(traced).splitlines()[-1] == str(untraced).splitlines()[-1]
+    assert "boom in block with id 5" in str(traced)
+    chain, untraced_chain = _chain(traced), _chain(untraced)
+    assert [type(c).__name__ for c in chain] == [type(c).__name__ for c in untraced_chain]
+    assert not any(hasattr(c, "__tracer_metrics__") for c in chain)
+
+    model, rt = load_data_trace(only_trace(tmp_path))
+    (run,) = [s for s in rt.loop_slices if s.depth == 0]
+    assert "boom in block with id 5" in run.args[L.ARG_ERROR]
+    failed = [t for t in rt.task_slices if t.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
+    assert len(failed) == 1 and failed[0].args[L.ARG_ERROR_TYPE] == "ValueError"
+    assert "boom in block with id 5" in failed[0].args[L.ARG_ERROR]
+    # Its execution, measured in the worker where it raised, says so too.
+    (execution,) = [e for e in executions(model)
+                    if e.args[L.ARG_TASK_ID] == failed[0].args[L.ARG_TASK_ID]]
+    assert execution.args[L.ARG_STATUS] == L.STATUS_FAILED
+    assert execution.args[L.ARG_ERROR_TYPE] == "ValueError"
+    marks = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
+    assert [m.args[L.ARG_TASK_ID] for m in marks] == [failed[0].args[L.ARG_TASK_ID]]
+    assert_engines_agree(only_trace(tmp_path))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_data_inflate.py"
+
+
+def test_the_example_shows_inflate_far_over_its_request_at_level_2(tmp_path: Path) -> None:
+    """examples/ray_data_inflate.py at level 2: memray in every map task, the table."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TRACER_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--num-blocks", "3", "--num-rows-per-block", "5000",
+         "--tracing-level", "2", "--trace-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=180, env=env, check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    assert "peak = memray's heap peak of the task (level 2" in out, out
+    inflate = re.search(r"^\s*2\s+MapBatches\(inflate\)\s+3\s+3\s+.*\s3\s+0\s+0\s", out, re.M)
+    deflate = re.search(r"^\s*3\s+MapBatches\(deflate\)\s+3\s+3\s+.*\s0\s+0\s+0\s", out, re.M)
+    assert inflate and deflate, out
+    path = only_trace(tmp_path)
+    assert f"trace written to {path}" in out
+
+    model, rt = load_data_trace(path)
+    check_data_trace(rt, {"1: ReadRange->MapBatches(make_rows)": 3, "2: MapBatches(inflate)": 3,
+                          "3: MapBatches(deflate)": 3})
+    for e in executions(model):
+        assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_HEAP_PEAK]  # memray's, in the worker
+        assert e.args[L.ARG_USS_PEAK] > e.args[L.ARG_HEAP_PEAK]  # Ray Data's, whole process
+        if e.name == "MapBatches(inflate)":  # x16 its input, which it requested twice of
+            assert e.args[L.ARG_HEAP_PEAK] >= 4 * e.args[L.ARG_MEMORY_REQUESTED]
+            assert e.args[L.ARG_OVER_REQUEST] is True
+    stages = {s.name: s for s in rt.stage_slices}
+    assert stages["MapBatches(inflate)"].args[L.ARG_TASKS_OVER_REQUEST] == 3
+    # Each worker that ran a task has its heap counter (memray's samples).
+    heaps = [t for t in model.tracks.values() if t.name == L.COUNTER_WORKER_HEAP]
+    assert heaps
+    assert_engines_agree(path)

@@ -36,6 +36,7 @@ import collections
 import contextlib
 import heapq
 import logging
+import re
 import threading
 import time
 import uuid
@@ -287,7 +288,7 @@ class ExecutionTracer:
         shows the error); one that Ray killed (OOM killer, a crashed worker, a
         lost node) never will: Ray's error says where it ran.
         """
-        args: dict[str, Any] = {L.ARG_STATUS: L.STATUS_FAILED, **error_args(error)}
+        args: dict[str, Any] = {L.ARG_STATUS: L.STATUS_FAILED, **data_error_args(error)}
         if root_cause(error) is not error:
             return args  # the task's own exception: its measurements will say where
         task.expects_measurements = False
@@ -300,7 +301,7 @@ class ExecutionTracer:
         if pid:
             args[L.ARG_WORKER_PID] = pid
         track = self._timeline.locate(node_id, pid) if node_id or pid else self._timeline.loop
-        mark: dict[str, Any] = {L.ARG_TASK_ID: task.task_id, **error_args(error)}
+        mark: dict[str, Any] = {L.ARG_TASK_ID: task.task_id, **data_error_args(error)}
         if at_kill:
             mark[L.ARG_MEMORY_AT_KILL] = at_kill
         self._timeline.mark(track, L.INSTANT_TASK_FAILED, now, mark)
@@ -470,7 +471,31 @@ class ExecutionTracer:
                 tl.count_stage_inflight(stage.stage_id, 0)
         if self._inflight:
             tl.count_inflight(0)
-        tl.close(error_args(error) if error is not None else None)
+        tl.close(data_error_args(error) if error is not None else None)
+
+
+#: A line naming an exception and its message, as tracebacks end ("ValueError: boom").
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.+)$"
+)
+
+
+def data_error_args(error: BaseException) -> dict[str, str]:
+    """``error_type`` and ``error`` of a Ray Data failure: the UDF's own exception.
+
+    Ray Data wraps a UDF's exception in ``UserCodeException`` ("UDF failed to
+    process a data block", then retry advice) whose text carries the
+    original traceback first: its "Type: message" line is what went wrong.
+    Any other error: :func:`~tracer.ray.task_errors.error_args`.
+    """
+    args = error_args(error)
+    text = str(error)
+    if "direct cause of the following exception" in text:
+        for line in text.splitlines():
+            match = _EXCEPTION_LINE.match(line.strip())
+            if match:
+                return {L.ARG_ERROR_TYPE: match.group(1), L.ARG_ERROR: line.strip()[:500]}
+    return args
 
 
 def new_token() -> str:

@@ -16,6 +16,8 @@ The measurements reach the driver through the job's metrics actor
 generator, so it has no last return value to carry them, as the runner's
 tasks do. A task's own exception goes on unchanged: the copy of the
 measurements that :func:`measure_task` attaches to it is taken off again.
+Ray Data wraps a UDF's exception in its ``UserCodeException``: the
+execution is annotated with the UDF's own (type and message).
 """
 
 from __future__ import annotations
@@ -93,14 +95,22 @@ def _measured(blocks: Iterable[Any], spec: MeasureSpec, task_idx: int) -> Iterat
     def sink(metrics: Metrics) -> None:
         metrics["op"] = spec.op
         metrics["task_idx"] = task_idx
+        user = metrics.pop("user_error", None)
+        if user is not None:  # the UDF's own exception, not Ray Data's wrapper of it
+            metrics["error_type"], metrics["error"] = user
         send_to_metrics_actor(spec.channel, metrics)
 
     try:
-        with measure_task(ctx, sink):
+        with measure_task(ctx, sink) as metrics:
             try:
                 yield from blocks
             except GeneratorExit:
                 return
+            except BaseException as exc:
+                cause = exc.__cause__
+                if type(exc).__name__ == "UserCodeException" and isinstance(cause, BaseException):
+                    metrics["user_error"] = (type(cause).__name__, str(cause)[:500])
+                raise
     except BaseException as exc:
         with contextlib.suppress(Exception):
             del exc.__tracer_metrics__  # type: ignore[attr-defined]
