@@ -45,7 +45,7 @@ def check_data_trace(rt: RunnerTrace, stages: dict[str, int]) -> dict[str, int]:
     ``stages``: stage track name ("1: MapBatches(f)") -> its number of tasks.
     """
     model = rt.model
-    assert {t.name: None for t in rt.stage_tracks} == dict.fromkeys(stages)
+    assert [t.name for t in rt.stage_tracks] == list(stages), [t.name for t in rt.stage_tracks]
     for track in rt.stage_tracks:
         (stage,) = rt.on(track)
         assert track.name == f"{stage.args[L.ARG_STAGE_ID]}: {stage.name}"
