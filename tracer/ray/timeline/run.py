@@ -15,7 +15,11 @@ What it draws:
 * a **Scheduler** process with a **Dispatch loop** thread: an ``execution``
   slice around the run, the loop's phases nested in it, instants, and
   counters of tasks in flight and the cluster's available CPUs, GPUs and
-  memory (what the dispatched tasks asked for, subtracted from the totals);
+  memory (what the dispatched tasks asked for, subtracted from the totals;
+  or, for an engine whose scheduler counts for itself, its own figures:
+  :meth:`RunTimeline.sample_available`, with the object store's, and
+  :meth:`RunTimeline.count_object_store_used`), and per stage, tasks in
+  flight (:meth:`RunTimeline.count_stage_inflight`);
 * **Ray tasks**: each task from created to ended with its nested
   ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
   merges) so that thousands of overlapping tasks never break nesting; a lane
