@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,4 +134,4 @@ def test_the_kill_is_marked_where_it_happened(oom: dict[str, Any]) -> None:
     (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0]
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 0
     assert "OutOfMemoryError" in run.args[L.ARG_ERROR_TYPE] or run.args[L.ARG_ERROR]
-    assert_engines_agree(path)
+    assert_engines_agree(Path(path))

@@ -33,6 +33,8 @@ logger = logging.getLogger("tracer")
 
 #: How often the scheduling loop asks the actor for what it holds.
 DRAIN_INTERVAL_S = 0.2
+#: The scheduling loop's polls look at most this often.
+_CHECK_INTERVAL_S = 0.05
 #: At an execution's close: how long to wait for measurements still on their way.
 CLOSE_GRACE_S = 2.0
 #: How long one answer of the actor may take (its start included: ~1-2 s) before
@@ -52,6 +54,7 @@ class MeasurementChannel:
         self._key = ""
         self._pending: Any = None  # the ref of a drain sent and not yet answered
         self._sent = 0.0  # when it was sent (time.monotonic)
+        self._checked = 0.0  # when poll last looked
         self._sinks: dict[str, Sink] = {}
         self.failed: str | None = None
 
@@ -86,9 +89,13 @@ class MeasurementChannel:
 
         Returns whether an answer was routed. Never raises.
         """
+        now = time.monotonic()
+        if wait <= 0 and now - self._checked < _CHECK_INTERVAL_S:
+            return False  # the scheduling loop's steps: look at most every few ms
+        self._checked = now
         import ray
 
-        items: list[Metrics] | None = None
+        items: list[Any] | None = None
         with self._lock:
             actor = self._actor
             if actor is None or self.failed is not None:
@@ -113,9 +120,10 @@ class MeasurementChannel:
         if not items:
             return items is not None
         by_op: dict[str, list[Metrics]] = {}
-        for item in items:
-            if isinstance(item, dict):
-                by_op.setdefault(str(item.get("op")), []).append(item)
+        for batch in items:  # each a worker's batch (a list), or one measurement
+            for item in batch if isinstance(batch, list) else (batch,):
+                if isinstance(item, dict):
+                    by_op.setdefault(str(item.get("op")), []).append(item)
         for token, batch in by_op.items():
             sink = sinks.get(token)
             if sink is not None:  # else: an execution already closed

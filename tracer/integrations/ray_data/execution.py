@@ -63,6 +63,8 @@ logger = logging.getLogger("tracer")
 RUNNER_NAME = "ray-data"
 #: Memory counter samples (late by nature) are written out at most this often.
 _SETTLE_INTERVAL_NS = 50_000_000
+#: Ray Data's resource figures are sampled at most this often (a step is ~5-15 ms).
+_SAMPLE_INTERVAL_NS = 20_000_000
 _HOOKS = ("on_task_submitted", "on_task_output_generated", "on_task_finished")
 
 
@@ -153,6 +155,7 @@ class ExecutionTracer:
         self._step_finished = 0
         self._inflight = 0
         self._last_settle = 0
+        self._last_sample = 0
         for index, op in enumerate(compat.operators(executor)):
             stage = _Stage(index, op, tokens.get(id(op)))
             self._stages[index] = stage
@@ -383,6 +386,10 @@ class ExecutionTracer:
         tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._step})
 
     def _sample_resources(self) -> None:
+        now = self.writer.now()
+        if now - self._last_sample < _SAMPLE_INTERVAL_NS:
+            return
+        self._last_sample = now
         figures = compat.resources(self._executor)
         if figures is None:
             return
@@ -465,6 +472,7 @@ class ExecutionTracer:
             elif task.expects_measurements:
                 tl.lost(task.task_id, why)
         self._tasks.clear()
+        self._early.clear()  # measurements of attempts whose task was written already
         self._write_ready(None)
         for stage in self._stages.values():
             if stage.inflight:
