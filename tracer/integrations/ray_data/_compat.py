@@ -13,9 +13,12 @@ below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
    it holds *classes* (``custom_execution_callback_classes``), instantiated
    per execution by the planner. :func:`register_callback` /
    :func:`unregister_callback`; the callback keeps its state per executor
-   and pickles as a fresh instance, so both work (tested on 2.60's path;
-   the instance path by reason: the same calls as Ray's own callbacks).
-2. **``OpRuntimeMetrics.on_task_submitted``** gained ``task_id`` (2.54) and
+   and pickles as a fresh instance, so both work; a shared instance
+   (:func:`callbacks_shared`) sets up the operator hook even while tracing
+   is off, as it is created once (tested on 2.60's path in CI, on 2.50.0
+   and 2.54.1 by hand).
+2. **``OpRuntimeMetrics.on_task_submitted``** gained ``task_id`` (2.54;
+   before, :func:`ray_task_id_of` reads it from the operator's data task) and
    **``on_task_finished``** gained ``task_exec_stats`` and
    ``task_exec_driver_stats`` (2.55): the hooks take ``*args, **kwargs`` and
    :func:`submitted_args` / :func:`finished_args` read them by name or
@@ -34,9 +37,12 @@ below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
    :func:`install_start_hook` (``MapOperator.start`` wrapped once per
    process; fused split steps stay traced through ``fuse``). Up to 2.54,
    an execution callback named by ``RAY_DATA_EXECUTION_CALLBACKS`` is
-   created only after the first execution's operators started: that
-   execution's tasks are traced from the driver only (a warning says so;
-   :func:`~tracer.integrations.ray_data.enable` has no such gap).
+   created only after the first execution's operators started: task pools
+   whose transformer is not sent yet are traced then
+   (:func:`transformer_not_sent`, 2.53+); the others' tasks, for that
+   execution only, from the driver only (a warning says so;
+   :func:`~tracer.integrations.ray_data.enable` has no such gap). Tested on
+   2.54.1 in a scratch venv, by hand.
 
 Everything else used (the executor's ``_topology``, ``_resource_manager``,
 ``_dataset_id``, ``_data_context``; ``op.metrics``, ``op.name``,
@@ -90,6 +96,14 @@ def unsupported_reason(version: str | None = None) -> str | None:
 # ------------------------------------------------------------ registration (1)
 
 
+def callbacks_shared() -> bool:
+    """Up to 2.54: one callback instance serves every execution of a context (and one
+    named in the environment is created after the first execution's operators started)."""
+    from ray.data import DataContext
+
+    return _CLASSES_FIELD not in getattr(DataContext, "__dataclass_fields__", {})
+
+
 def register_callback(context: Any, cls: type) -> None:
     """Add the callback (class 2.55+, instance before) to ``context`` once."""
     classes = getattr(context, _CLASSES_FIELD, None)
@@ -134,6 +148,19 @@ def submitted_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, 
         except Exception:
             text = None
     return int(_arg(args, kwargs, 0, "task_index")), _arg(args, kwargs, 1, "inputs"), text
+
+
+def ray_task_id_of(op: Any, task_index: int) -> str | None:
+    """Ray's id of an operator's data task, from its streaming generator (before 2.54
+    ``on_task_submitted`` does not give it; the task is in ``op._data_tasks`` until
+    after ``on_task_finished``)."""
+    try:
+        task = (getattr(op, "_data_tasks", None) or {}).get(task_index)
+        gen: Any = getattr(task, "_streaming_gen", None)
+        task_id = getattr(gen, "_generator_ref", gen).task_id()
+        return None if task_id.is_nil() else str(task_id.hex())
+    except Exception:
+        return None
 
 
 def output_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
@@ -251,6 +278,25 @@ def install_start_hook(on_start: Callable[[Any], None]) -> None:
 
         start.__tracer_hook__ = True  # type: ignore[attr-defined]
         MapOperator.start = start
+
+
+def transformer_not_sent(op: Any) -> bool:
+    """Whether a started map operator's transformer is still to be sent to its tasks.
+
+    True for a task pool whose object-store copy is made lazily, on the first
+    task (2.53+: a property over ``__map_transformer_ref``; 2.60: a
+    ``cached_property``), and not made yet: it can still be traced after
+    ``start``. Not for actor pools (their actors got it in ``start``) nor
+    before 2.53 (``start`` puts it in the object store).
+    """
+    if type(op).__name__ == "ActorPoolMapOperator":
+        return False
+    lazy = getattr(type(op), "_map_transformer_ref", None)
+    if isinstance(lazy, functools.cached_property):
+        return "_map_transformer_ref" not in vars(op)
+    if isinstance(lazy, property):
+        return vars(op).get("_MapOperator__map_transformer_ref", 0) is None
+    return False
 
 
 def map_transformer(op: Any) -> Any:

@@ -162,7 +162,12 @@ class TracingCallback(ExecutionCallback):  # type: ignore[misc]
             if compat.unsupported_reason() is None:
                 from ray.data import DataContext
 
-                if settings(DataContext.get_current()).level > TracingLevel.OFF:
+                # Up to Ray 2.54 this one instance serves every later execution, whose
+                # level is read as it starts: the hook (a level check per operator
+                # start) must be in place before.
+                if compat.callbacks_shared() or (
+                    settings(DataContext.get_current()).level > TracingLevel.OFF
+                ):
                     compat.install_start_hook(_on_operator_start)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -242,7 +247,15 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
         path = s.folder / path.name
     writer: TraceWriter | None = None
     try:
+        # A callback created while tracing was off (one instance for every execution,
+        # Ray before 2.55) set nothing up: from this execution on, it is set up.
+        compat.install_start_hook(_on_operator_start)
         ops = compat.operators(executor)
+        for op in ops:
+            if not hasattr(op, _TOKEN_ATTR) and compat.is_map_operator(op) and (
+                compat.transformer_not_sent(op)
+            ):
+                _on_operator_start(op)
         tokens = {id(op): getattr(op, _TOKEN_ATTR) for op in ops if hasattr(op, _TOKEN_ATTR)}
         unmeasured = [
             str(getattr(op, "name", op)) for op in ops

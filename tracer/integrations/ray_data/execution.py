@@ -223,7 +223,7 @@ class ExecutionTracer:
             stage_name=stage.name,
         )
         task.counts_in = compat.bundle_counts(inputs)
-        task.ray_task_id = ray_task_id
+        task.ray_task_id = ray_task_id or compat.ray_task_id_of(stage.op, index)
         task.expects_measurements = stage.measured
         self._timeline.task_dispatched(task, now)
         task.key = key
@@ -255,6 +255,8 @@ class ExecutionTracer:
             return
         if uss is not None:
             task.uss_peak = max(uss, task.uss_peak or 0)
+        if task.ray_task_id is None:  # Ray before 2.54 (see _compat)
+            task.ray_task_id = compat.ray_task_id_of(stage.op, index)
         now = self.writer.now()
         end = self._io_args(task)
         if error is not None:

@@ -18,6 +18,8 @@ CPU all told (the task's call, the actor's handling of it), 15% of a small
 Ray Data task on 2 cores: so each worker process keeps its measurements in
 an outbox that a thread of its own sends in one call every
 :data:`FLUSH_DELAY_S` (or at :data:`MAX_BATCH`), and when the process exits.
+Not in an actor-pool actor, which Ray Data kills as soon as its operator is
+done: there each task's measurements go at once.
 
 A task's own exception goes on unchanged: the copy of the
 measurements that :func:`measure_task` attaches to it is taken off again.
@@ -146,6 +148,7 @@ class _Outbox:
         self._items: dict[str, list[Metrics]] = {}
         self._wake = threading.Event()
         self._pid = 0  # the process whose sender thread runs
+        self._in_actor = False
 
     def add(self, channel: str, metrics: Metrics) -> None:
         with self._lock:
@@ -154,7 +157,7 @@ class _Outbox:
             batch = self._items.setdefault(channel, [])
             batch.append(metrics)
             size = len(batch)
-        if size >= MAX_BATCH:
+        if size >= MAX_BATCH or self._in_actor:
             self.flush()
         elif size == 1:
             self._wake.set()
@@ -163,8 +166,12 @@ class _Outbox:
         self._pid = os.getpid()
         self._wake = threading.Event()
         self._items = {}
-        threading.Thread(target=self._run, name="tracer-ray-data-outbox", daemon=True).start()
-        atexit.register(self.flush)
+        # An actor-pool actor is killed as soon as its operator is done (no exit
+        # handlers run): its measurements go at once, one call per task.
+        self._in_actor = _in_actor()
+        if not self._in_actor:
+            threading.Thread(target=self._run, name="tracer-ray-data-outbox", daemon=True).start()
+            atexit.register(self.flush)
 
     def _run(self) -> None:
         while True:
@@ -179,6 +186,15 @@ class _Outbox:
         for channel, batch in items.items():
             with contextlib.suppress(Exception):  # tracing never breaks the worker
                 send_to_metrics_actor(channel, batch)  # type: ignore[arg-type]
+
+
+def _in_actor() -> bool:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_actor_id() is not None
+    except Exception:
+        return False
 
 
 _OUTBOX = _Outbox()
