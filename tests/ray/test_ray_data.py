@@ -8,6 +8,7 @@ in, Ray Data's operator names, its task counts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import Counter
@@ -32,6 +33,7 @@ from ray_data_checks import (
 
 import tracer.integrations.ray_data as traced_data
 from tracer.errors import InvalidTracingLevelError
+from tracer.integrations.ray_data import _compat
 from tracer.query import QueryConfig, TraceQuery
 from tracer.ray import layout as L
 
@@ -56,12 +58,21 @@ class ActorWhere:
         return batch
 
 
+@pytest.fixture(scope="module")
+def _module(ray_local: None) -> Iterator[None]:
+    yield
+    traced_data.disable()  # and the job's metrics actor with it
+
+
 @pytest.fixture(autouse=True)
-def _quiet_data_context(ray_local: None) -> Iterator[None]:
+def _quiet_data_context(_module: None) -> Iterator[None]:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     yield
-    traced_data.disable()
+    # Tracing off between tests, the metrics actor kept for the next (as in one program).
+    with contextlib.suppress(KeyError):
+        ctx.remove_config(traced_data.CONFIG_KEY)
+    _compat.unregister_callback(ctx, traced_data.TracingCallback)
 
 
 def _pipeline() -> Any:
@@ -207,8 +218,6 @@ def test_a_trace_that_cannot_be_written_leaves_the_pipeline_alone(
 def test_a_ray_too_old_is_named_and_runs_untraced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tracer.integrations.ray_data import _compat
-
     monkeypatch.setattr(_compat, "ray_version", lambda: "2.49.2")
     with caplog.at_level(logging.WARNING, logger="tracer"):
         assert not traced_data.enable(level=1, path=tmp_path)
@@ -332,3 +341,15 @@ def test_the_example_shows_inflate_far_over_its_request_at_level_2(tmp_path: Pat
     heaps = [t for t in model.tracks.values() if t.name == L.COUNTER_WORKER_HEAP]
     assert heaps
     assert_engines_agree(path)
+
+
+def test_tracing_off_and_on_again_measures_every_task(tmp_path: Path) -> None:
+    """disable() removes the job's metrics actor; the next enable() gets a new one, which
+    workers that knew the old one find too."""
+    for run in ("first", "second"):
+        traced_data.enable(level=1, path=tmp_path / run)
+        rows = ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()
+        assert len(rows) == 4
+        traced_data.disable()
+        _, rt = load_data_trace(only_trace(tmp_path / run))
+        check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})

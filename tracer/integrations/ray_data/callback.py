@@ -131,7 +131,8 @@ def enable(
 
 
 def disable() -> None:
-    """Stop tracing the current ``DataContext``'s executions (those under way finish traced)."""
+    """Stop tracing the current ``DataContext``'s executions (those under way finish
+    traced); once none is under way, the job's metrics actor is removed too."""
     from ray.data import DataContext
 
     context = DataContext.get_current()
@@ -139,6 +140,7 @@ def disable() -> None:
         context.remove_config(CONFIG_KEY)
     with contextlib.suppress(Exception):
         compat.unregister_callback(context, TracingCallback)
+    channel().stop()
 
 
 def trace_paths() -> list[Path]:

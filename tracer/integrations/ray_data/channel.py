@@ -3,15 +3,18 @@
 One actor per Ray job (``tracer.ray.metrics_actor``, named after the job),
 shared by every traced Ray Data execution of the driver: an actor is a
 worker process (~1-2 s of CPU to start), which a pipeline of a few seconds
-should pay once, not per execution. Each measurement names its operator's
-token; executions register their operators' tokens with a *sink* (a
-function that queues what it is given), and :meth:`MeasurementChannel.poll`
-routes what the actor held to them.
+should pay once, not per execution. It stays (idle, 0 CPUs) until the job
+ends or :meth:`MeasurementChannel.stop` (``disable()``) removes it. Each
+measurement (workers send them in batches) names its operator's token;
+executions register their operators' tokens with a *sink* (a function that
+queues what it is given), and :meth:`MeasurementChannel.poll` routes what
+the actor held to them.
 
 The scheduling loop never waits for the actor: :meth:`poll` sends a
 ``drain`` at most every :data:`DRAIN_INTERVAL_S` and picks its answer up on
 a later call once it is there. Only an execution's close waits, up to
-:data:`CLOSE_GRACE_S`, for measurements known to be on their way. After its
+:data:`CLOSE_GRACE_S` (:data:`START_GRACE_S` while the actor's process is
+still starting), for measurements known to be on their way. After its
 first failure the actor is not called again (the executions then record
 their tasks' measurements as lost).
 """
@@ -27,7 +30,7 @@ from typing import Any
 
 from tracer.ray.task_metrics import Metrics
 
-__all__ = ["CLOSE_GRACE_S", "DRAIN_INTERVAL_S", "MeasurementChannel", "channel"]
+__all__ = ["CLOSE_GRACE_S", "DRAIN_INTERVAL_S", "START_GRACE_S", "MeasurementChannel", "channel"]
 
 logger = logging.getLogger("tracer")
 
@@ -35,8 +38,10 @@ logger = logging.getLogger("tracer")
 DRAIN_INTERVAL_S = 0.2
 #: The scheduling loop's polls look at most this often.
 _CHECK_INTERVAL_S = 0.05
-#: At an execution's close: how long to wait for measurements still on their way.
+#: At an execution's close: how long to wait for measurements still on their way...
 CLOSE_GRACE_S = 2.0
+#: ... or, while the actor has never answered (its process starting), for it to start.
+START_GRACE_S = 15.0
 #: How long one answer of the actor may take (its start included: ~1-2 s) before
 #: the channel gives up on it.
 ACTOR_TIMEOUT_S = 30.0
@@ -55,8 +60,11 @@ class MeasurementChannel:
         self._pending: Any = None  # the ref of a drain sent and not yet answered
         self._sent = 0.0  # when it was sent (time.monotonic)
         self._checked = 0.0  # when poll last looked
+        self._generation = 0  # actors removed by stop(), for a new key each time
         self._sinks: dict[str, Sink] = {}
         self.failed: str | None = None
+        #: The actor answered once: it is up.
+        self.answered = False
 
     def key(self) -> str:
         """The actor's key for this job (workers send to it), creating the actor if needed."""
@@ -68,13 +76,28 @@ class MeasurementChannel:
         with self._lock:
             session = str(ray_session_dir())
             job = ray.get_runtime_context().get_job_id()
-            key = f"raydata-{job}"
+            # A new key for each actor: workers keep the handle they found for a key.
+            key = f"raydata-{job}-{self._generation}"
             if self._actor is None or self._session != session or self._key != key:
                 # A new job or a new cluster (tests restart Ray): a new actor.
                 self._actor = create_metrics_actor(key)
                 self._session, self._key = session, key
-                self._pending, self.failed = None, None
+                self._pending, self.failed, self.answered = None, None, False
             return self._key
+
+    def stop(self) -> bool:
+        """Remove the job's actor, unless an execution still uses it; whether it was removed."""
+        with self._lock:
+            if self._actor is None or self._sinks:
+                return False
+            actor, self._actor, self._pending = self._actor, None, None
+            self._session = None
+            self._generation += 1
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.kill(actor)
+        return True
 
     def register(self, token: str, sink: Sink) -> None:
         with self._lock:
@@ -109,6 +132,7 @@ class MeasurementChannel:
                     if ready:
                         ref, self._pending = self._pending, None
                         items = list(ray.get(ref, timeout=ACTOR_TIMEOUT_S))
+                        self.answered = True
                     elif now - self._sent > ACTOR_TIMEOUT_S:
                         raise TimeoutError(f"no answer in {ACTOR_TIMEOUT_S:.0f} s")
             except Exception as exc:

@@ -46,7 +46,11 @@ from typing import Any
 
 from tracer.format import TraceWriter
 from tracer.integrations.ray_data import _compat as compat
-from tracer.integrations.ray_data.channel import CLOSE_GRACE_S, MeasurementChannel
+from tracer.integrations.ray_data.channel import (
+    CLOSE_GRACE_S,
+    START_GRACE_S,
+    MeasurementChannel,
+)
 from tracer.ray import layout as L
 from tracer.ray.flusher import Flusher
 from tracer.ray.levels import TracingLevel
@@ -430,11 +434,13 @@ class ExecutionTracer:
         if self._closed:
             return
         self._flusher.stop(join=True)
-        deadline = time.monotonic() + CLOSE_GRACE_S
+        start = time.monotonic()
+        channel = self._channel
         while not self._disabled and self._awaiting_measurements():
-            if time.monotonic() >= deadline or self._channel.failed is not None:
+            grace = CLOSE_GRACE_S if channel.answered else START_GRACE_S
+            if time.monotonic() - start >= grace or channel.failed is not None:
                 break
-            self._channel.poll(wait=min(0.2, max(deadline - time.monotonic(), 0.01)))
+            channel.poll(wait=0.2)
             self._guard(self._take_arrived)
         self._guard(self._close, error)
         self._closed = True
