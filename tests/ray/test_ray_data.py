@@ -353,3 +353,35 @@ def test_tracing_off_and_on_again_measures_every_task(tmp_path: Path) -> None:
         traced_data.disable()
         _, rt = load_data_trace(only_trace(tmp_path / run))
         check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+
+
+def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the middle of tracing (here: on the third task's end): one warning, the
+    pipeline's results whole, and the trace written so far loads."""
+    from tracer.format import read_trace
+    from tracer.integrations.ray_data.execution import ExecutionTracer
+
+    finished = ExecutionTracer._finished
+    calls = []
+
+    def broken(self: ExecutionTracer, *args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a bug in the tracer")
+        finished(self, *args)
+
+    monkeypatch.setattr(ExecutionTracer, "_finished", broken)
+    traced_data.enable(level=1, path=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        rows = _pipeline().take_all()
+    assert sorted(r["id"] for r in rows) == list(range(BLOCKS * 2))
+    assert "tracing stopped for Ray Data execution" in caplog.text
+    assert "RuntimeError: a bug in the tracer" in caplog.text
+    model = read_trace(only_trace(tmp_path))
+    # Slices open when tracing stopped show as "did not end"; nothing else is wrong.
+    assert {p.kind for p in model.problems} <= {"unterminated_slice"}, model.problems
+    ended = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
+             and s.dur is not None]
+    assert len(ended) >= 2  # what was traced before the error is there

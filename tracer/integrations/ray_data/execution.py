@@ -160,15 +160,21 @@ class ExecutionTracer:
         self._inflight = 0
         self._last_settle = 0
         self._last_sample = 0
-        for index, op in enumerate(compat.operators(executor)):
-            stage = _Stage(index, op, tokens.get(id(op)))
-            self._stages[index] = stage
-            if stage.token is not None:
-                self._by_token[stage.token] = stage
-                channel.register(stage.token, self._arrived.append)
-            self._hook(op, stage)
-        self._timeline.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: 0})
-        writer.flush()
+        self._flusher: Flusher | None = None
+        try:
+            for index, op in enumerate(compat.operators(executor)):
+                stage = _Stage(index, op, tokens.get(id(op)))
+                self._stages[index] = stage
+                if stage.token is not None:
+                    self._by_token[stage.token] = stage
+                    channel.register(stage.token, self._arrived.append)
+                self._hook(op, stage)
+            self._timeline.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: 0})
+            writer.flush()
+        except BaseException:
+            self._disabled = True  # the hooks already in place do nothing, then go
+            self._release()
+            raise
         self._flusher = Flusher(self.flush, f"tracer-flush-{self.execution_id}")
 
     # ------------------------------------------------------------ guard
@@ -181,15 +187,17 @@ class ExecutionTracer:
                 if not self._disabled:
                     fn(*args)
         except Exception as exc:
-            self._disable(exc)
+            with contextlib.suppress(Exception):
+                self._disable(exc)
 
     def _disable(self, exc: BaseException) -> None:
         with self._lock:
             if self._disabled:
                 return
             self._disabled = True
-        self._flusher.stop()
-        self._unhook()
+        if self._flusher is not None:
+            self._flusher.stop()
+        self._release()
         logger.warning(
             "tracer: tracing stopped for Ray Data execution %s after an error (%s: %s); "
             "it continues untraced; the trace so far is in %s",
@@ -211,12 +219,16 @@ class ExecutionTracer:
             setattr(metrics, name, _hooked(original, fact, stage, self._guard))
             self._hooked.append((metrics, name))
 
-    def _unhook(self) -> None:
+    def _release(self) -> None:
+        """Give Ray Data its operators' hooks back; no more measurements for this execution."""
         for metrics, name in self._hooked:
             with contextlib.suppress(Exception):
                 if getattr(metrics.__dict__.get(name), "__tracer_hook__", False):
                     delattr(metrics, name)
         self._hooked = []
+        for stage in self._stages.values():
+            if stage.token is not None:
+                self._channel.unregister(stage.token)
 
     def _submitted(self, stage: _Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, inputs, ray_task_id = compat.submitted_args(args, kwargs)
@@ -424,7 +436,8 @@ class ExecutionTracer:
                     return
                 self.writer.detach()
             self.writer.write_detached()
-            self._flusher.last_flush = time.monotonic()
+            if self._flusher is not None:
+                self._flusher.last_flush = time.monotonic()
         except Exception as exc:
             self._disable(exc)
 
@@ -433,7 +446,8 @@ class ExecutionTracer:
         still on their way, end what is open, write the stages, close the file."""
         if self._closed:
             return
-        self._flusher.stop(join=True)
+        if self._flusher is not None:
+            self._flusher.stop(join=True)
         start = time.monotonic()
         channel = self._channel
         while not self._disabled and self._awaiting_measurements():
@@ -444,10 +458,7 @@ class ExecutionTracer:
             self._guard(self._take_arrived)
         self._guard(self._close, error)
         self._closed = True
-        for stage in self._stages.values():
-            if stage.token is not None:
-                self._channel.unregister(stage.token)
-        self._unhook()
+        self._release()
         if not self._disabled:
             self._disabled = True
             with contextlib.suppress(Exception):
