@@ -266,11 +266,13 @@ class RunnerTracer(LoopCalls):
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
 
     @guarded
-    def task_received_as_ready(self, task_id: str) -> None:
+    def task_received_as_ready(self, task_id: str, stage_id: int | None = None) -> None:
         """The runner saw the task's result as ready.
 
         Its measurements are fetched at the end of the wave. Runners that
         receive tasks in batches should prefer :meth:`tasks_received_as_ready`.
+        ``stage_id`` is accepted for Daft's runner, which passes it; the
+        tracer knows every task's stage since :meth:`task_created`.
         """
         task = self._tasks.pop(str(task_id), None)
         if task is None:
