@@ -277,6 +277,79 @@ def test_traces_load_in_trace_processor(
         tp.close()
 
 
+# ------------------------------------------------------------ failures, actor pools
+
+
+@daft.udf(return_dtype=daft.DataType.int64())
+def fail_at_7(x: Any) -> list[int]:
+    if 7 in x.to_pylist():
+        raise ValueError("no 7s")
+    return [v for v in x.to_pylist()]
+
+
+@daft.udf(return_dtype=daft.DataType.int64(), concurrency=1)
+class Triple:
+    """A class UDF with a concurrency: Daft runs it on an actor pool."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __call__(self, x: Any) -> list[int]:
+        return [3 * v for v in x.to_pylist()]
+
+
+def _run_udf(udf: Any, **config: Any) -> list[int]:
+    with daft.execution_config_ctx(use_legacy_ray_runner=True, **config):
+        df = daft.from_pydict({"x": list(range(ROWS))}).into_partitions(PARTITIONS)
+        return sorted(df.with_column("y", udf(daft.col("x"))).to_pydict()["y"])
+
+
+def _the_new_trace(before: set[Path]) -> TraceModel:
+    (path,) = trace_files() - before
+    model = read_trace(path, strict=True)
+    assert not model.problems and not model.truncated
+    return model
+
+
+@pytest.mark.usefixtures("daft_on_ray")
+def test_a_failing_udf_fails_the_query_as_it_would_untraced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    tdaft.uninstall()
+    with pytest.raises(Exception, match="no 7s") as untraced:
+        _run_udf(fail_at_7)
+    tdaft.install()
+    before = trace_files()
+    with pytest.raises(Exception, match="no 7s") as traced:
+        _run_udf(fail_at_7, enable_ray_tracing=True)
+    assert type(traced.value).__name__ == type(untraced.value).__name__
+    assert type(traced.value).__name__ == "RayTaskError(UDFException)"
+    model = _the_new_trace(before)
+    failed = [s for s in model.slices
+              if s.category == L.CAT_EXECUTION and s.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
+    assert [(s.name, s.args[L.ARG_ERROR_TYPE]) for s in failed] == [("Project", "UDFException")]
+    assert "fail_at_7" in failed[0].args[L.ARG_ERROR]
+    (execution,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+    assert execution.args[L.ARG_LOST_MEASUREMENTS] == 0
+
+
+@pytest.mark.usefixtures("daft_on_ray")
+def test_actor_pool_tasks_show_from_the_driver_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daft submits them to its actors itself (its tracer never traced them either); its
+    no-op tasks, done in the loop without Ray, are not Ray tasks."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    tdaft.install()
+    before = trace_files()
+    assert _run_udf(Triple, enable_ray_tracing=True) == [3 * x for x in range(ROWS)]
+    model = _the_new_trace(before)
+    tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
+    assert Counter(s.name for s in tasks) == {"FanoutEvenSlices": 1, "ActorPoolProject": 4}
+    assert all(L.ARG_STATUS not in s.args for s in tasks)  # none left unfinished
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert [s.name for s in executions] == ["FanoutEvenSlices"]
+
+
 # ------------------------------------------------------------ tracing off
 
 

@@ -223,8 +223,10 @@ class MaterializedPhysicalPlanWrapper(MaterializedPlanWrapper[Any]):
 
 
 def _describe(partition_task: Any, item: Any) -> tuple[str, int, Any, str | None] | None:
-    """A plan item as a created task (None for what is not a task: results, ``None``)."""
-    if not isinstance(item, partition_task):
+    """A plan item as a created task; None for what is not a Ray task: results, ``None``,
+    and tasks without instructions, no-ops that Daft completes in its loop without Ray
+    (recorded, they would stay "unfinished" and name their stage "stage N")."""
+    if not isinstance(item, partition_task) or not item.instructions:
         return None
     instructions = "-".join(type(i).__name__ for i in item.instructions)
     return item.id(), item.stage_id, item.resource_request, instructions
