@@ -74,6 +74,7 @@ __all__ = [
     "is_installed",
     "ray_remote_traced",
     "ray_tracer",
+    "tracing_level",
     "uninstall",
 ]
 
