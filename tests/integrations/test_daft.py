@@ -417,6 +417,27 @@ assert type(runner.single_partition_pipeline).__module__ == t.DAFT_TRACING_MODUL
     ]
 
 
+def test_install_without_daft_says_what_to_install(tmp_path: Path) -> None:
+    """The module imports without Daft (layer 3 names only); install() says what is missing."""
+    (tmp_path / "daft.py").write_text(
+        'raise ModuleNotFoundError("No module named \'daft\'", name="daft")\n'
+    )
+    code = """
+import tracer.integrations.daft as t
+try:
+    t.install()
+except t.DaftIntegrationError as exc:
+    print(exc)
+assert not t.is_installed()
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'tracer[daft]'" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("daft_switch", "env", "level"),
     [(False, None, 0), (True, None, 1), (True, "2", 2), (False, "2", 2), (True, "0", 1),
