@@ -224,22 +224,18 @@ def test_level_2_measures_each_task_under_memray(level_2: Run) -> None:
     assert daft_metrics_actors() == []
 
 
-@pytest.fixture(scope="module")
-def bin_path() -> str:
-    path = os.environ.get("TRACE_PROCESSOR_PATH")
-    if not path:
-        pytest.skip("TRACE_PROCESSOR_PATH is not set (a trace_processor_shell binary)")
-    return path
-
-
 @pytest.mark.parametrize("level", [1, 2])
 def test_traces_load_in_trace_processor(
-    level: int, bin_path: str, request: pytest.FixtureRequest
+    level: int, trace_processor_bin: str, request: pytest.FixtureRequest
 ) -> None:
+    """Through the perfetto package's TraceProcessor, as a user would query them
+    (every trace of the suite is also checked against tracer's reader by tp_check)."""
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     run: Run = request.getfixturevalue(f"level_{level}")
-    tp = TraceProcessor(trace=str(run.path), config=TraceProcessorConfig(bin_path=bin_path))
+    tp = TraceProcessor(
+        trace=str(run.path), config=TraceProcessorConfig(bin_path=trace_processor_bin)
+    )
     try:
 
         def rows(sql: str) -> list[dict[str, Any]]:
