@@ -47,6 +47,7 @@ def parse_size(value: str | int, what: str = "size") -> int:
     Negative numbers, bools, floats, a missing unit, an unknown unit and
     trailing text are errors.
     """
+    __tracebackhide__ = True  # pytest: a failing test's traceback stops at its caller
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InvalidSizeError(
             f"{what} must be a size string ({_ACCEPTED}) or an int of bytes, "

@@ -21,7 +21,8 @@ both engines give the same suggestions. The rule, per stage:
 What a peak is decides what the suggestion means: at level 2 memray's heap
 peak of the task (what the task itself allocated, without the worker's own
 ~100 MiB), at level 1 the worker's RSS peak (which includes that baseline, so
-the suggestion is too high by about that much). ``peak_basis`` says which.
+the suggestion is too high by about that much). ``peak_basis`` says which
+(``"heap"``, ``"rss"``, or ``"at kill"`` when the largest is a killed task's).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _suggest(
     requested = stage["requested_bytes"] or None  # 0: no request
     notes = []
     if killed_at is not None and (peak is None or killed_at > peak):
-        peak = killed_at
+        peak, basis = killed_at, "at kill"
     if stage["oom_killed"]:
         notes.append(
             f"{stage['oom_killed']} task(s) killed by Ray's OOM killer: the peak is at least "
