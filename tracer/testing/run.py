@@ -280,6 +280,7 @@ class TracedMemory:
         self._saved: dict[str, str | None] = {}
 
     def __enter__(self) -> TracedRun:
+        __tracebackhide__ = True
         if _active:
             raise TracedMemoryError(
                 "traced memory blocks do not nest (a block is already running: a "
@@ -312,7 +313,7 @@ class TracedMemory:
         run = self.runs[-1]
         if exc is None:
             run._load()
-        elif isinstance(exc, Exception):
+        elif isinstance(exc, Exception) and any(run.folder.glob(f"*{_TRACE_SUFFIX}")):
             _add_note(exc, f"traced memory: the block's traces are in {run.folder}")
 
     def __iter__(self) -> Iterator[TracedRun]:
