@@ -122,7 +122,7 @@ def test_the_command(known: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["memory", str(known), "--suggest"]) == 0
     out = capsys.readouterr().out
     assert "Suggested memory= per stage: the largest peak x 1.25, rounded up to a MiB" in out
-    assert "a node's memory 8.0 GiB (the cluster's memory resource over the nodes" in out
+    assert "a node's memory: 8.0 GiB, the cluster's memory resource over the nodes" in out
     table = out[out.index("Suggested memory="):]
     map_row = next(line for line in table.splitlines() if line.split()[:2] == ["0", "map"])
     assert map_row.split()[:15] == [

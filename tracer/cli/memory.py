@@ -142,17 +142,18 @@ def _render_suggestions(
     rows = records(q.memory_suggestions(headroom, node_memory))
     node = next((r["node_memory_bytes"] for r in rows if r["node_memory_bytes"]), None)
     if node_memory is not None:
-        where = f"a node's memory {fmt_bytes(node, style)} (--node-memory)"
+        where = f"a node's memory: {fmt_bytes(node, style)} (--node-memory)"
     elif node is not None:
         where = (
-            f"a node's memory {fmt_bytes(node, style)} (the cluster's memory resource over "
-            "the nodes that ran tasks; --node-memory to set it)"
+            f"a node's memory: {fmt_bytes(node, style)}, the cluster's memory resource over "
+            "the nodes that ran tasks (--node-memory to set it)"
         )
     else:
-        where = "a node's memory unknown (--node-memory to set it)"
-    title = (
-        f"Suggested memory= per stage: the largest peak x {headroom:g}, rounded up to a MiB; "
-        f"tasks per node by memory alone, {where}"
+        where = "a node's memory: unknown (--node-memory to set it)"
+    title = f"Suggested memory= per stage: the largest peak x {headroom:g}, rounded up to a MiB"
+    footer = style.dim(
+        f"per node: how many such tasks fit one node by memory alone (CPUs may allow fewer); "
+        f"{where}"
     )
     return render_table(
         title,
@@ -173,7 +174,7 @@ def _render_suggestions(
         rows,
         style,
         empty="(no tasks in this trace)",
-    )
+    ) + "\n" + footer
 
 
 def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
