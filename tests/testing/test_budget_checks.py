@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,3 +205,15 @@ def test_two_traces_in_one_block(tmp_path: Path) -> None:
         run.assert_within_request()
     (trace,) = [t for t in run.traces if str(t) in str(info.value)]
     assert "run1" in trace.name  # the trace of the task over its request, not the other
+
+
+def test_a_subprocess_started_in_the_block_traces_there_at_level_2(tmp_path: Path) -> None:
+    code = (
+        "from tracer.ray import default_trace_dir, resolve_level; "
+        "print(default_trace_dir(), int(resolve_level()))"
+    )
+    with pytest.raises(TracedMemoryError, match="wrote no trace"), \
+            TracedMemory(tmp_path) as run:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split()
+    assert out == [str(run.folder), "2"]
