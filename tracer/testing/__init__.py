@@ -138,27 +138,53 @@ def _checks(item: pytest.Item) -> list[Any]:
     return out
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    """A test with a budget marker runs inside a traced block; the checks follow it."""
-    __tracebackhide__ = True
-    if item.get_closest_marker(WITHIN_REQUEST) is None and (
-        item.get_closest_marker(STAGE_LIMIT) is None
-    ):
-        return (yield)
-    from tracer.testing.run import TracedMemory
-
-    checks = _checks(item)  # bad marker arguments fail the test before it runs
-    folder = Path(tempfile.mkdtemp(prefix="tracer-memory-"))
+def _new_style_wrappers() -> bool:
+    """Whether pluggy takes ``wrapper=True`` hooks (pluggy 1.2, pytest 8); without them
+    the markers cannot wrap a test, and say so rather than let it pass unchecked."""
     try:
-        with TracedMemory(folder) as run:
-            result = yield
-        for check in checks:
-            check(run)
-    except BaseException:
-        # A failure keeps the traces, named in its message (an empty folder goes).
-        if not any(folder.rglob("*.perfetto-trace")):
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    shutil.rmtree(folder, ignore_errors=True)  # passed: nothing to look at
-    return result
+        pytest.hookimpl(wrapper=True)
+    except TypeError:
+        return False
+    return True
+
+
+def _marked(item: pytest.Item) -> bool:
+    return item.get_closest_marker(WITHIN_REQUEST) is not None or (
+        item.get_closest_marker(STAGE_LIMIT) is not None
+    )
+
+
+if _new_style_wrappers():
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+        """A test with a budget marker runs inside a traced block; the checks follow it."""
+        __tracebackhide__ = True
+        if not _marked(item):
+            return (yield)
+        from tracer.testing.run import TracedMemory
+
+        checks = _checks(item)  # bad marker arguments fail the test before it runs
+        folder = Path(tempfile.mkdtemp(prefix="tracer-memory-"))
+        try:
+            with TracedMemory(folder) as run:
+                result = yield
+            for check in checks:
+                check(run)
+        except BaseException:
+            # A failure keeps the traces, named in its message (an empty folder goes).
+            if not any(folder.rglob("*.perfetto-trace")):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        shutil.rmtree(folder, ignore_errors=True)  # passed: nothing to look at
+        return result
+
+else:  # pragma: no cover - pytest < 8
+
+    def pytest_runtest_setup(item: pytest.Item) -> None:
+        if _marked(item):
+            raise TracedMemoryError(
+                f"@pytest.mark.{WITHIN_REQUEST} and @pytest.mark.{STAGE_LIMIT} need pytest >= 8 "
+                f"(pluggy >= 1.2), this is pytest {pytest.__version__}; the traced_memory "
+                "fixture works with it"
+            )
