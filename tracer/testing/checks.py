@@ -212,8 +212,7 @@ def _message(head: str, tasks: Sequence[TaskMemory], run: TracedRun) -> str:
     shown = list(tasks[:WORST_SHOWN])
     lines = [f"{head}; peaks are memray's heap peaks (tracing level 2)."]
     if shown:
-        lines.append("The worst tasks:" if len(shown) < len(tasks) or len(tasks) > 1
-                     else "The task:")
+        lines.append("The task:" if len(tasks) == 1 else "The worst tasks:")
         lines.extend(_table(shown))
         if len(tasks) > len(shown):
             lines.append(f"  ... and {len(tasks) - len(shown)} more")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -243,10 +242,14 @@ class TracedRun:
 
 
 def _task(row: dict[str, Any], flagged: dict[str, Any] | None, trace: Path) -> TaskMemory:
+    """A task_latency row, with what memory_flagged adds for tasks over their request or
+    killed (the source of the peak, the memory at the kill)."""
     killed = flagged is not None and flagged["reason"] == "oom killed"
-    peak_source = None
+    peak_source = killed_at = None
     if flagged is not None and row["memory_peak"] is not None:
         peak_source = flagged["peak_source"]
+    if killed and flagged is not None and flagged["peak_bytes"] is not None:
+        killed_at = int(flagged["peak_bytes"])
     return TaskMemory(
         stage=str(row["stage"]),
         stage_id=row["stage_id"],
@@ -259,8 +262,7 @@ def _task(row: dict[str, Any], flagged: dict[str, Any] | None, trace: Path) -> T
         peak=None if row["memory_peak"] is None else int(row["memory_peak"]),
         peak_source=peak_source,
         oom_killed=killed,
-        killed_at=int(flagged["peak_bytes"]) if killed and flagged is not None
-        and flagged["peak_bytes"] is not None else None,
+        killed_at=killed_at,
         trace=trace,
     )
 
@@ -315,9 +317,6 @@ class TracedMemory:
             run._load()
         elif isinstance(exc, Exception) and any(run.folder.glob(f"*{_TRACE_SUFFIX}")):
             _add_note(exc, f"traced memory: the block's traces are in {run.folder}")
-
-    def __iter__(self) -> Iterator[TracedRun]:
-        return iter(self.runs)
 
 
 def _add_note(exc: BaseException, note: str) -> None:
