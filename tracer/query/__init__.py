@@ -14,6 +14,8 @@ with pandas DataFrames:
   bucket;
 * :meth:`~TraceQuery.memory_by_stage`, :meth:`~TraceQuery.memory_by_node`,
   :meth:`~TraceQuery.memory_flagged`: tasks whose peak exceeded their request;
+* :meth:`~TraceQuery.memory_suggestions`: the ``memory=`` each stage should
+  request (:mod:`tracer.query.suggest`);
 * :meth:`~TraceQuery.query`: any SQL, in trace_processor.
 
 The analyses are PerfettoSQL files in ``tracer/query/sql`` (run in

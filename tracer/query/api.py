@@ -24,6 +24,7 @@ from tracer.query.processor import (
     start_trace_processor,
 )
 from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
+from tracer.query.suggest import DEFAULT_HEADROOM, memory_suggestions
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
 
@@ -299,6 +300,18 @@ class TraceQuery:
         return self._analysis(
             "memory_flagged", lambda m: from_model.memory_flagged(m, self._latency_rows())
         )
+
+    def memory_suggestions(
+        self, headroom: float = DEFAULT_HEADROOM, node_memory: int | None = None
+    ) -> pd.DataFrame:
+        """Per stage: the ``memory=`` to request (its largest peak x ``headroom``, rounded up
+        to a MiB), how many such tasks fit a node, and the change from today's request.
+
+        ``node_memory`` (bytes) is a node's ``memory`` resource; by default the
+        cluster's, from the trace, over the nodes that ran tasks. The rule and
+        its limits: :mod:`tracer.query.suggest`.
+        """
+        return memory_suggestions(self, headroom, node_memory)
 
 
 def check_trace_file(path: str | os.PathLike[str]) -> Path:
