@@ -129,11 +129,15 @@ def test_budgets_pass_and_fail_as_written(
     # Too small a request: every grow task named, with where it ran and its numbers.
     under = failures["test_under_requested"]
     assert "MemoryBudgetError: 3 of 6 task(s) used more than their memory request" in under
+    # 16 MiB each; memray also counts what Ray's own threads allocate meanwhile, which
+    # a loaded machine makes more of (as in tests/ray/test_memory_ray.py): up to 1 MiB.
     rows = re.findall(
-        r"^E\s+grow\s+(0-\d)\s+0\s+(Node 0 \(\w+\))\s+(worker \d+)\s+4 MiB\s+16 MiB\s+4\.00x$",
+        r"^E\s+grow\s+(0-\d)\s+0\s+(Node 0 \(\w+\))\s+(worker \d+)\s+4 MiB\s+"
+        r"16(?:\.\d+)? MiB\s+(4\.\d\d)x$",
         under, re.MULTILINE,
     )
     assert sorted(r[0] for r in rows) == ["0-0", "0-1", "0-2"], under
+    assert all(4.0 <= float(r[3]) < 4.2 for r in rows), under
     assert "'grow': memory=22020096 (21 MiB)" in under  # 16 MiB x 1.25, up to a MiB
     kept = _kept_traces(under)
     assert len(kept) == 1 and kept[0].is_file()
