@@ -167,7 +167,7 @@ class _Template:
 
 
 #: At most this many cached packet decodings (see _Template).
-_TEMPLATE_LIMIT = 65536
+_TEMPLATE_LIMIT = 4096
 #: The TracePacket fields a cacheable packet may have.
 _SIMPLE_PACKET_FIELDS = frozenset(
     {"timestamp", "timestamp_clock_id", "trusted_packet_sequence_id", "track_event"}
