@@ -37,7 +37,7 @@ from tracer.format._wire import (
     TYPE_END,
     TYPE_INSTANT,
 )
-from tracer.format.model import CounterSample, TrackInfo, TrackKind
+from tracer.format.model import TrackInfo, TrackKind
 
 __all__ = ["Event"]
 
@@ -66,6 +66,8 @@ class _Sequence:
     """Incremental state of one packet sequence (trusted_packet_sequence_id)."""
 
     __slots__ = (
+        "anchor",
+        "anchor_epoch",
         "ann_names",
         "categories",
         "clock_default",
@@ -102,6 +104,10 @@ class _Sequence:
         # incremental clocks. A clear does not reset clocks; a snapshot does.
         self.snapshot: dict[int, tuple[int, int, bool]] = {}
         self.running: dict[int, int] = {}
+        # The snapshot's trace time (Tokenizer.convert), valid while anchor_epoch is the
+        # number of global snapshots so far.
+        self.anchor: int | None = None
+        self.anchor_epoch = -1
 
     def clear(self) -> None:
         self.valid = True
@@ -168,6 +174,8 @@ class _Template:
 
 #: At most this many cached packet decodings (see _Template).
 _TEMPLATE_LIMIT = 4096
+#: At most this many packets seen once and not cached yet (see _Tokenizer.record).
+_SEEN_LIMIT = 4 * _TEMPLATE_LIMIT
 #: The TracePacket fields a cacheable packet may have.
 _SIMPLE_PACKET_FIELDS = frozenset(
     {"timestamp", "timestamp_clock_id", "trusted_packet_sequence_id", "track_event"}
@@ -217,13 +225,15 @@ class _Tokenizer(_Framer):
         self.tracks: dict[int, TrackInfo] = {}
         self.sequences: dict[int, _Sequence] = {}
         self.events: list[Event] = []
-        self.counters: list[tuple[int, CounterSample]] = []
+        # Counter samples as (ts, track uuid, value): a reader makes CounterSamples of
+        # them only if it keeps them.
+        self.counters: list[tuple[int, int, int | float]] = []
         self.early_counters: list[tuple[int, Where]] = []
         self.trace_clock = _BOOTTIME
         self.converted_any = False
         self.global_snapshots: list[dict[int, tuple[int, int]]] = []
-        self.latest_ts = 0
         self.track_where: dict[int, Where] = {}
+        self.seen: set[bytes] = set()  # see record
         self.process_ordering: str | None = None
         self.thread_ordering: str | None = None
 
@@ -271,7 +281,15 @@ class _Tokenizer(_Framer):
         except _Skip:
             return
         if key is not None and self.problem_total == problems:
-            self.remember(packet, key, raw, events, counters)
+            # Remembered when seen a second time: most packets that are not replays of
+            # templates never repeat (unique args or counter values).
+            seen = self.seen
+            if key in seen:
+                self.remember(packet, key, raw, events, counters)
+            elif len(seen) < _SEEN_LIMIT:
+                seen.add(key)
+            else:
+                seen.clear()
 
     def remember(
         self, packet: pb.TracePacket, key: bytes, raw: int, events: int, counters: int
@@ -298,12 +316,10 @@ class _Tokenizer(_Framer):
                 None if args is None else args.copy(),  # the event's own may be changed
             )
         elif len(self.counters) == counters + 1:
-            sample = self.counters[-1][1]
-            if self.tracks[sample.track_uuid].is_incremental:
+            _, sample_uuid, value = self.counters[-1]
+            if self.tracks[sample_uuid].is_incremental:
                 return
-            template = _Template(
-                seq, seq_id, clock, _COUNTER, sample.track_uuid, None, None, sample.value, None
-            )
+            template = _Template(seq, seq_id, clock, _COUNTER, sample_uuid, None, None, value, None)
         else:
             return
         templates = self.templates
@@ -323,7 +339,7 @@ class _Tokenizer(_Framer):
         except _Skip:
             return
         if template.kind == _COUNTER:
-            self.counters.append((ts, CounterSample(template.uuid, ts, template.value)))
+            self.counters.append((ts, template.uuid, template.value))
         else:
             args = template.args
             self.events.append(
@@ -485,6 +501,7 @@ class _Tokenizer(_Framer):
         if seq is not None and seq_id:
             seq.snapshot = clocks
             seq.running = {cid: ns for cid, (ns, _, incr) in clocks.items() if incr}
+            seq.anchor_epoch = -1
 
     def timestamp(self, packet: pb.TracePacket, seq_id: int, seq: _Sequence | None) -> int:
         """The packet's timestamp in trace time (advancing incremental clocks); or _Skip."""
@@ -510,7 +527,13 @@ class _Tokenizer(_Framer):
                 seq.running[clock] = value
             else:
                 value = raw * multiplier
-            anchor = self.snapshot_trace_time(seq.snapshot)
+            # Where the sequence's snapshot is in trace time: cached until the sequence
+            # gets a new snapshot or the trace a new global one (it may relate the clocks).
+            if seq.anchor_epoch == len(self.global_snapshots):
+                anchor = seq.anchor
+            else:
+                anchor = seq.anchor = self.snapshot_trace_time(seq.snapshot)
+                seq.anchor_epoch = len(self.global_snapshots)
             if anchor is None:
                 self.fail_timestamp(
                     f"the ClockSnapshot of clock {clock} has no path to the trace clock "
@@ -526,8 +549,6 @@ class _Tokenizer(_Framer):
             ts = converted
         if not _INT64_MIN <= ts <= _INT64_MAX:
             self.fail_timestamp(f"timestamp {ts} does not fit in int64")
-        if ts > self.latest_ts:
-            self.latest_ts = ts
         return ts
 
     def fail_timestamp(self, message: str) -> NoReturn:
@@ -664,7 +685,7 @@ class _Tokenizer(_Framer):
                 return
             counters = self.counters
             for sample_uuid, value in samples:
-                counters.append((ts, CounterSample(sample_uuid, ts, value)))
+                counters.append((ts, sample_uuid, value))
             if kind == _COUNTER:
                 return
         name: str | None = None

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 from tracer.errors import TraceReadError
 from tracer.format._tokenizer import _BEGIN, _END, _Tokenizer
-from tracer.format.model import Flow, Instant, Slice, TraceModel
+from tracer.format.model import CounterSample, Flow, Instant, Slice, TraceModel
 
 __all__ = ["DEFAULT_MAX_BUNDLE_SIZE", "DEFAULT_MAX_INFLATED_SIZE", "read_trace"]
 
@@ -156,7 +156,7 @@ class _ModelReader(_Tokenizer):
         self.finish_tokenizing()
         model = self.model = TraceModel(tracks=self.tracks)
         self.counters.sort(key=itemgetter(0))
-        model.counters = [sample for _, sample in self.counters]
+        model.counters = [CounterSample(uuid, ts, value) for ts, uuid, value in self.counters]
         self.parse_events()
         model.problems = self.problems
         model.problem_counts = self.problem_counts

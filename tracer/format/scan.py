@@ -250,8 +250,8 @@ class _Scanner(_Tokenizer):
             self.result.counter_count += len(counters)
             if self.wants_counters:
                 on_counter = self.visitor.counter
-                for _, sample in counters:
-                    on_counter(sample)
+                for ts, uuid, value in counters:
+                    on_counter(CounterSample(uuid, ts, value))
             self.counters = []
         events = self.events
         if not events:
@@ -333,8 +333,8 @@ class _Scanner(_Tokenizer):
                         len(stack),
                         stack[-1][0] if stack else None,
                         args if args is not None else {},
-                        list(out),
-                        list(into),
+                        out,
+                        into,
                         where,
                         stack[-1][2] if stack else None,
                     ]
@@ -369,8 +369,10 @@ class _Scanner(_Tokenizer):
                 slice_id = entry[0]
                 if args:
                     entry[6].update(args)
-                entry[7].extend(out)
-                entry[8].extend(into)
+                if out:
+                    entry[7] += out
+                if into:
+                    entry[8] += into
                 result.slice_count += 1
                 on_slice(_scanned(entry, uuid, ts - entry[1]))
             else:
@@ -519,5 +521,5 @@ def _scanned(entry: list[Any], uuid: int, dur: int | None) -> ScannedSlice:
     """The ScannedSlice of an open-slice entry of _Scanner.match (dur None: it never ended)."""
     return ScannedSlice(
         entry[0], uuid, entry[2], entry[3], entry[1], dur, entry[4], entry[5], entry[6],
-        tuple(entry[7]), tuple(entry[8]), entry[10],
+        entry[7], entry[8], entry[10],
     )
