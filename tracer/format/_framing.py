@@ -85,9 +85,8 @@ class _Framer:
         raise NotImplementedError
 
     def replay(self, template: Any, raw: int) -> None:
-        raise NotImplementedError
-
-    def template_is_current(self, template: Any) -> bool:
+        """Tokenize a packet from ``template``, its cached decoding (an object whose
+        ``generation`` must equal its ``seq.generation`` to be used), and its timestamp."""
         raise NotImplementedError
 
     def drain(self) -> None:
@@ -253,7 +252,7 @@ class _Framer:
                         key = data[q:j]
             if key is not None:
                 template = self.templates.get(key)
-                if template is not None and self.template_is_current(template):
+                if template is not None and template.generation == template.seq.generation:
                     self.packet_index += 1
                     self.replay(template, raw & _UINT64_MASK)  # as protobuf truncates it
                     continue

@@ -202,9 +202,11 @@ class _Skip(Exception):
     """Drops the packet being tokenized (its problem is already recorded)."""
 
 
-# A tokenized event, sorted by its first item:
-# (ts, type, track uuid, name, category, args, flow ids, terminating flow ids, where)
+# A tokenized event, sorted by its first two items (time, then file order):
+# (ts, index, type, track uuid, name, category, args, flow ids, terminating flow ids, where)
+# where index counts the events from 0 in file order.
 Event = tuple[
+    int,
     int,
     int,
     int,
@@ -225,6 +227,7 @@ class _Tokenizer(_Framer):
         self.tracks: dict[int, TrackInfo] = {}
         self.sequences: dict[int, _Sequence] = {}
         self.events: list[Event] = []
+        self.event_count = 0  # events tokenized so far (the next one's index)
         # Counter samples as (ts, track uuid, value): a reader makes CounterSamples of
         # them only if it keeps them.
         self.counters: list[tuple[int, int, int | float]] = []
@@ -308,7 +311,7 @@ class _Tokenizer(_Framer):
         seq = self.sequences[seq_id]
         clock = packet.timestamp_clock_id or seq.clock_default
         if len(self.events) == events + 1:
-            _, kind, uuid, name, category, args, _, _, _ = self.events[-1]
+            _, _, kind, uuid, name, category, args, _, _, _ = self.events[-1]
             if args is not None and any(v.__class__ not in _FLAT for v in args.values()):
                 return  # nested values would be shared by every replay
             template = _Template(
@@ -329,22 +332,46 @@ class _Tokenizer(_Framer):
             templates.clear()
         templates[key] = template
 
-    def template_is_current(self, template: _Template) -> bool:
-        return template.generation == template.seq.generation
-
     def replay(self, template: _Template, raw: int) -> None:
         """Tokenize a packet from its cached decoding and its timestamp."""
-        try:
-            ts = self.convert(raw, template.clock, template.seq_id, template.seq)
-        except _Skip:
-            return
+        seq = template.seq
+        clock = template.clock
+        # convert()'s path for a sequence-scoped clock whose snapshot's place in trace
+        # time is known (most packets of a trace), inline.
+        entry = seq.snapshot.get(clock) if 64 <= clock < 128 else None
+        if (
+            entry is not None
+            and seq.anchor_epoch == len(self.global_snapshots)
+            and seq.anchor is not None
+            and clock != self.trace_clock
+        ):
+            base_ns, multiplier, incremental = entry
+            if incremental:
+                value = seq.running[clock] + raw * multiplier
+                seq.running[clock] = value
+            else:
+                value = raw * multiplier
+            ts = seq.anchor + value - base_ns
+            if not _INT64_MIN <= ts <= _INT64_MAX:
+                self.problem(
+                    "bad_timestamp", f"timestamp {ts} does not fit in int64; the packet is dropped"
+                )
+                return
+        else:
+            try:
+                ts = self.convert(raw, clock, template.seq_id, seq)
+            except _Skip:
+                return
         if template.kind == _COUNTER:
             self.counters.append((ts, template.uuid, template.value))
         else:
             args = template.args
+            index = self.event_count
+            self.event_count = index + 1
             self.events.append(
                 (
                     ts,
+                    index,
                     template.kind,
                     template.uuid,
                     template.name,
@@ -716,7 +743,11 @@ class _Tokenizer(_Framer):
         terminating: tuple[int, ...] = tuple(
             event.terminating_flow_ids or event.terminating_flow_ids_old
         )
-        self.events.append((ts, kind, uuid, name, category, args, flows, terminating, self.where))
+        index = self.event_count
+        self.event_count = index + 1
+        self.events.append(
+            (ts, index, kind, uuid, name, category, args, flows, terminating, self.where)
+        )
 
     def counter_samples(
         self, event: pb.TrackEvent, kind: int, uuid: int, seq: _Sequence

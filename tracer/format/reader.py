@@ -178,7 +178,7 @@ class _ModelReader(_Tokenizer):
         active_flows: dict[int, int] = {}
         flows = self.model.flows
         reported: set[int] = set()
-        for ts, kind, uuid, name, category, args, out, into, where in events:
+        for ts, _, kind, uuid, name, category, args, out, into, where in events:
             track = tracks.get(uuid)
             if track is None or track.kind == "counter":
                 if uuid not in reported:

@@ -207,8 +207,8 @@ class _Queue:
 
     def __init__(self, uuid: int) -> None:
         self.uuid = uuid
-        # (ts, event index, event): the index keeps file order among equal timestamps.
-        self.pending: list[tuple[int, int, Event]] = []
+        # Events (see _tokenizer.Event) sorted by (ts, index): time, then file order.
+        self.pending: list[Event] = []
         self.max_ts = -(1 << 64)  # the newest event's timestamp
         self.done_ts = -(1 << 64)  # the last matched event's timestamp
         # Open slices: [id, ts, name, category, depth, parent, args, flows out, flows in,
@@ -234,7 +234,6 @@ class _Scanner(_Tokenizer):
         self.window = window_ns
         self.result = TraceScan(tracks=self.tracks)
         self.queues: dict[int, _Queue] = {}
-        self.event_index = 0
         self.flows = _FlowLog()
         self.on_slice = visitor.slice
         self.on_instant = visitor.instant
@@ -258,24 +257,21 @@ class _Scanner(_Tokenizer):
             return
         self.events = []
         queues = self.queues
-        index = self.event_index
         touched: dict[int, _Queue] = {}
         for event in events:
             ts = event[0]
-            uuid = event[2]
+            uuid = event[3]
             queue = queues.get(uuid)
             if queue is None:
                 queue = queues[uuid] = _Queue(uuid)
             if ts >= queue.max_ts:
-                queue.pending.append((ts, index, event))
+                queue.pending.append(event)
                 queue.max_ts = ts
             elif ts >= queue.done_ts:
-                insort(queue.pending, (ts, index, event))
+                insort(queue.pending, event)  # (ts, index) are unique: the rest is not compared
             else:
                 self.too_late(queue, event)
-            index += 1
             touched[uuid] = queue
-        self.event_index = index
         window = self.window
         if window is None:
             return
@@ -301,7 +297,7 @@ class _Scanner(_Tokenizer):
             lateness_ns=queue.max_ts - event[0],
         )
 
-    def match(self, queue: _Queue, items: list[tuple[int, int, Event]]) -> None:
+    def match(self, queue: _Queue, items: list[Event]) -> None:
         """BEGIN/END matching of one track's events, in timestamp order (read_trace's rules)."""
         uuid = queue.uuid
         track = self.tracks[uuid]
@@ -312,7 +308,7 @@ class _Scanner(_Tokenizer):
                 self.problem(
                     "slice_on_counter_track",
                     f"slice events on counter track {uuid} ({track.name!r}) are dropped",
-                    items[0][2][8],
+                    items[0][9],
                 )
             return
         stack = queue.stack
@@ -320,8 +316,7 @@ class _Scanner(_Tokenizer):
         on_slice = self.on_slice
         on_instant = self.on_instant
         result = self.result
-        for ts, index, event in items:
-            _, kind, _, name, category, args, out, into, where = event
+        for ts, index, kind, _, name, category, args, out, into, where in items:
             if kind == _BEGIN:
                 slice_id = index
                 stack.append(
@@ -412,7 +407,7 @@ class _Scanner(_Tokenizer):
                 self.problem(
                     "undeclared_track",
                     f"events on track {uuid}, which has no descriptor, are dropped",
-                    pending[0][2][8],
+                    pending[0][9],
                 )
         for uuid, queue in self.queues.items():
             for entry in queue.stack:
