@@ -19,6 +19,7 @@ per bundle and in all.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from tracer.errors import TraceReadError
@@ -47,6 +48,11 @@ class _Framer:
     and each bundle (a point where the events tokenized so far may be
     consumed).
     """
+
+    #: ``fast_forward(reader, data, pos, file_offset, in_bundle) -> pos``: reads what
+    #: records it can from ``pos`` on (the C fast path of replays, when built),
+    #: returning where the Python loop takes over; None: no fast path.
+    fast_forward: Callable[[Any, bytes, int, int, bool], int] | None = None
 
     def __init__(self, what: str, strict: bool, max_bundle_size: int, max_inflated: int) -> None:
         self.what = what
@@ -144,7 +150,12 @@ class _Framer:
         in_bundle = bundle_offset is not None
         end = len(data)
         pos = 0
+        fast = self.fast_forward
         while pos < end:
+            if fast is not None:
+                pos = fast(self, data, pos, file_offset, in_bundle)
+                if pos >= end:
+                    break
             if data[pos] != 0x0A:
                 if not in_bundle and file_offset + pos == 0:
                     raise TraceReadError(

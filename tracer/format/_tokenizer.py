@@ -19,6 +19,7 @@ does with them (sort them all, or stream them) is the subclass's business.
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 from google.protobuf.message import DecodeError
@@ -61,6 +62,17 @@ _CHILD_ORDERING = {value: name for name, value in CHILD_ORDERING.items()}
 _MERGE_BEHAVIOR = {1: "by_track_name", 2: "none", 3: "by_sibling_merge_key"}
 
 _parse_packet = pb.TracePacket.FromString
+
+try:  # the replays' hot path in C, built at install when a compiler is there
+    from tracer.format import _readspeedups
+except ImportError:  # pragma: no cover - the pure Python path is tested with TRACER_PURE_PYTHON
+    _readspeedups = None  # type: ignore[assignment]
+
+
+def use_read_speedups() -> bool:
+    """Whether new readers take the C fast path: built, and not turned off by
+    ``TRACER_PURE_PYTHON`` (the writer's switch, see tracer.format.writer)."""
+    return _readspeedups is not None and os.environ.get("TRACER_PURE_PYTHON", "") in ("", "0")
 
 class _Sequence:
     """Incremental state of one packet sequence (trusted_packet_sequence_id)."""
@@ -239,6 +251,8 @@ class _Tokenizer(_Framer):
         self.seen: set[bytes] = set()  # see record
         self.process_ordering: str | None = None
         self.thread_ordering: str | None = None
+        if use_read_speedups():
+            self.fast_forward = _readspeedups.replay_run
 
     def finish(self) -> None:
         """Called once the whole input is read (the reader's last step)."""
