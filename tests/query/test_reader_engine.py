@@ -13,7 +13,15 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 from tracer.format import TraceWriter, _framing, read_trace
-from tracer.query import ANALYSES, QueryConfig, TraceQuery, collect, from_model, to_frame
+from tracer.query import (
+    ANALYSES,
+    QueryConfig,
+    TraceQuery,
+    collect,
+    from_model,
+    records,
+    to_frame,
+)
 from tracer.ray import layout as L
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +129,38 @@ def test_a_trace_out_of_order_beyond_the_window_is_scanned_again(
     q = assert_same_answers(path)
     assert windows[0] == 2_000_000_000 and len(windows) == 2 and windows[1] >= 2_900 * MS
     assert list(q.task_latency()["total_ns"]) == [100 * MS, 2800 * MS]
+
+
+def test_an_execution_is_a_slice_of_a_worker_thread_in_both_engines(tmp_path: Path) -> None:
+    """Executions on a thread's track or under it, at any depth, count (with the thread's
+    node and worker); ones on other tracks do not, in trace_processor's thread_slice as in
+    the reader."""
+    from tracer.query import TraceProcessorNotFoundError, find_trace_processor
+
+    path = tmp_path / "tracks.perfetto-trace"
+    with TraceWriter(path, clock=lambda: BASE) as w:
+        w.process_track(7, "Node X")
+        thread = w.thread_track(7, 70, "worker 70")
+        lane = w.track("lane", parent=thread)
+        tracks = [thread, lane, w.track("lane", parent=lane),
+                  w.track("beside", parent=w.process_track(8, "Node Y")), w.track("global")]
+        tasks = w.track(L.TASKS_TRACK)
+        for i, track in enumerate(tracks):
+            task_lane = w.track(L.TASK_LANE, parent=tasks)
+            w.begin(task_lane, "map", BASE + i, category=L.CAT_TASK,
+                    args={L.ARG_TASK_ID: str(i), L.ARG_STAGE_ID: 0})
+            w.begin(track, "map", BASE + 10 + i * 10, category=L.CAT_EXECUTION,
+                    args={L.ARG_TASK_ID: str(i)})
+            w.end(track, BASE + 15 + i * 10)
+            w.end(task_lane, BASE + 100 + i)
+    reader = TraceQuery(path, READER).task_latency()
+    got = records(reader)
+    assert [r["worker"] for r in got] == ["worker 70"] * 3 + [None, None]
+    assert [r["running_ns"] for r in got] == [5, 5, 5, None, None]
+    try:
+        binary = find_trace_processor()
+    except TraceProcessorNotFoundError:
+        pytest.skip("no trace_processor binary: the reader's side was checked")
+    with TraceQuery(path, QueryConfig(engine="trace_processor", trace_processor_path=binary)) as tp:
+        assert_frame_equal(tp.task_latency(), reader, check_exact=True)
+        assert_frame_equal(tp.worker_utilisation(3), TraceQuery(path, READER).worker_utilisation(3))

@@ -78,7 +78,7 @@ class TraceQuery:
 
     Opening checks the file: :class:`~tracer.errors.TraceReadError` if it is
     missing or not a Perfetto protobuf trace. The reader engine reads it
-    whole when opened. A truncated
+    when opened (streaming it, keeping a row per task). A truncated
     trace is analysed up to its last complete packet; :meth:`warnings` says
     so. trace_processor is started on first need and stopped by
     :meth:`close` (or the ``with`` block).

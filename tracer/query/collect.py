@@ -8,7 +8,8 @@ only what the analyses of ``tracer/query/sql`` read:
 * ``tracer_task``: the task slices (category ``task``, depth 0), with the
   timestamps of their ``dispatched`` children;
 * ``tracer_execution``: the executions (category ``execution``, not
-  ``task failed``, ended), with the node and worker of their track;
+  ``task failed``, ended, on a thread's track or one under it), with the
+  node and worker of their thread;
 * the dispatch loop's time per phase, as running sums (dispatch_loop.sql);
 * the trace's first and last moment (``MIN(ts)``, ``MAX(ts + MAX(dur, 0))``
   over the slice table, instants included) and the run's info slice.
@@ -244,17 +245,20 @@ class TraceRows(TraceVisitor):
         if self._children:
             self._late_children()
         self.tasks.sort(key=lambda t: (t[1], t[0]))
-        places: dict[int, tuple[str | None, str | None]] = {}
+        places: dict[int, tuple[str | None, str | None] | None] = {}
         # A thread belongs to the process track with its pid (the last one, as the model's).
         by_pid = {t.pid: t for t in tracks.values() if t.kind == "process" and t.pid is not None}
-        executions = self.executions
-        for i, e in enumerate(executions):
+        executions: list[ExecutionRow] = []
+        for e in self.executions:
             uuid = e[9]
-            place = places.get(uuid)
-            if place is None:
+            if uuid in places:
+                place = places[uuid]
+            else:
                 place = places[uuid] = _thread_of(tracks, by_pid, uuid)
-            executions[i] = (*e[:9], *place)
+            if place is not None:  # measured in a worker: on (or under) its thread's track
+                executions.append((*e[:9], *place))
         executions.sort(key=lambda e: (e[1], e[0]))
+        self.executions = executions
 
     def _late_children(self) -> None:
         """'dispatched' slices handed over after their task slice (it ended first)."""
@@ -273,12 +277,13 @@ class TraceRows(TraceVisitor):
 
 def _thread_of(
     tracks: dict[int, TrackInfo], by_pid: dict[int, TrackInfo], uuid: int
-) -> tuple[str | None, str | None]:
-    """(node, worker): the process and thread names of the thread a track belongs to.
+) -> tuple[str | None, str | None] | None:
+    """(node, worker): the process and thread names of the thread a track belongs to;
+    None if it belongs to none.
 
-    As trace_processor's thread_track / thread / process tables join them: a
-    track under a thread track belongs to that thread, and a thread to the
-    process track with its pid.
+    As trace_processor's thread_slice (slices.with_context) sees it: a track
+    under a thread track, at any depth, belongs to that thread, and a thread
+    to the process track with its pid.
     """
     track = tracks.get(uuid)
     seen: set[int] = set()
@@ -286,7 +291,7 @@ def _thread_of(
         seen.add(track.uuid)
         track = tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
     if track is None or track.kind != "thread":
-        return None, None
+        return None
     process = by_pid.get(track.pid) if track.pid is not None else None
     return (process.name if process is not None else None), track.name
 
