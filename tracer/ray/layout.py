@@ -12,6 +12,9 @@ CAT_SCHEDULER = "scheduler"
 CAT_TASK = "task"
 CAT_STAGE = "stage"
 CAT_EXECUTION = "execution"
+#: Ray's own events of a task (its scheduling states, its phases in the worker),
+#: read from Ray's task events (tracer.ray.ray_events).
+CAT_RAY = "ray"
 
 # Tracks.
 SCHEDULER_PROCESS = "Scheduler"
@@ -21,6 +24,13 @@ TASK_LANE = "tasks"
 STAGES_TRACK = "Stages"
 NODE_PROCESS_PREFIX = "Node"
 WORKER_THREAD_PREFIX = "worker"
+
+#: Under a worker's thread: Ray's phases of each task the worker ran (a slice
+#: named ``RAY_TASK_PREFIX + Ray's task name`` with the phases nested in it).
+#: A track of its own, not nested in the execution slice: Ray deserializes the
+#: arguments before the measured execution starts and stores the outputs after
+#: it ends. Tasks of a threaded actor that overlap go on lanes of this name.
+RAY_PHASES_TRACK = "Ray phases"
 
 COUNTER_INFLIGHT = "tasks in flight"
 COUNTER_AVAILABLE_CPUS = "available CPUs"
@@ -63,6 +73,25 @@ INSTANT_METRICS_ACTOR_LOST = "metrics actor lost"
 
 # Task slices (category task): the outer slice is named after the stage.
 SLICE_DISPATCHED = "dispatched"
+
+# Ray's events (category ray).
+#: On the worker's RAY_PHASES_TRACK: Ray's whole handling of one task attempt
+#: in its worker ("ray task f"), args task_id, ray_task_id, ray_attempt.
+RAY_TASK_PREFIX = "ray task "
+#: Ray's phases, nested in it (Ray's profile events task:deserialize_arguments,
+#: task:execute, task:store_outputs).
+PHASE_DESERIALIZE = "deserialize arguments"
+PHASE_EXECUTE = "execute"
+PHASE_STORE_OUTPUTS = "store outputs"
+#: Ray's scheduling states, nested in a task's 'dispatched' slice on its lane,
+#: each from the time Ray entered it to the next state (the last, FINISHED or
+#: FAILED, until the runner received the task). Names are Ray's TaskStatus:
+STATE_PENDING_ARGS = "PENDING_ARGS_AVAIL"  # submitted; its arguments are not all ready
+STATE_PENDING_NODE = "PENDING_NODE_ASSIGNMENT"  # waiting for a worker lease
+STATE_SUBMITTED = "SUBMITTED_TO_WORKER"  # leased: pushed to the worker, which starts it
+STATE_RUNNING = "RUNNING"  # in the worker: arguments, the body, storing outputs
+STATE_FINISHED = "FINISHED"  # the owner (driver) has the reply: until the loop sees it
+STATE_FAILED = "FAILED"
 
 # Instants on a worker or node (category execution).
 INSTANT_TASK_FAILED = "task failed"
@@ -115,6 +144,12 @@ ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
 #: On the execution slice (END, at close): tasks whose measurements were lost.
 ARG_LOST_MEASUREMENTS = "lost_measurements"
 ARG_REASON = "reason"
+#: On the execution slice (END, at close), when Ray's events were read: how
+#: many executions got no Ray events (never arrived within the close's
+#: budget, or dropped by Ray's caps), and how many events Ray said it dropped
+#: for the run's job (``RAY_task_events_max_num_task_in_gcs`` and others).
+ARG_RAY_EVENTS_MISSING = "ray_events_missing"
+ARG_RAY_EVENTS_DROPPED = "ray_events_dropped"
 
 # Memory annotations (bytes). On execution slices:
 #: What the task asked Ray for (``memory=``); 0 means no request.
