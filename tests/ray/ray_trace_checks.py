@@ -16,7 +16,7 @@ from tracer.format.model import Instant, Slice, TraceModel, TrackInfo
 from tracer.format.reader import read_trace
 from tracer.ray import layout as L
 
-CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION, L.CAT_RAY}
+CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION}
 LOOP_CHILDREN = {
     L.SLICE_PLAN_POLLING,
     L.SLICE_BATCHING,

@@ -53,7 +53,7 @@ def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -
     for e in executions:
         span = spans[e.args[L.ARG_RAY_TASK_ID]]
         assert span.args[L.ARG_TASK_ID] == e.args[L.ARG_TASK_ID]
-        assert span.name == L.RAY_TASK_PREFIX + ("_inc" if e.name == "inc" else "_neg")
+        assert span.name == L.RAY_TASK_PREFIX + e.name  # the runner names its calls by stage
         # On a 'Ray phases' track under the very worker the execution was measured on.
         assert run.tracks[span.track_uuid].name == L.RAY_PHASES_TRACK
         assert run.tracks[span.track_uuid].parent_uuid == e.track_uuid
@@ -68,18 +68,27 @@ def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -
 
 
 def test_rays_states_split_each_dispatched_slice(run: TraceModel) -> None:
+    """Under each task lane, a 'Ray states' track: the states of every task on that lane,
+    one after the other inside its 'dispatched' slice."""
+    order = [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED, L.STATE_RUNNING,
+             L.STATE_FINISHED]
     dispatched = [s for s in run.slices if s.name == L.SLICE_DISPATCHED]
     assert len(dispatched) == 2 * NUM_PARTITIONS
+    state_tracks = {t.uuid: t for t in run.tracks.values() if t.name == L.RAY_STATES_TRACK}
+    assert state_tracks
     for d in dispatched:
-        states = sorted((s for s in run.slices if s.parent_id == d.id), key=lambda s: s.ts)
-        assert [s.name for s in states] == [
-            L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED, L.STATE_RUNNING,
-            L.STATE_FINISHED]
-        assert all(s.category == L.CAT_RAY for s in states)
+        assert d.end_ts is not None
+        (track,) = [t for t in state_tracks.values() if t.parent_uuid == d.track_uuid]
+        states = sorted((s for s in run.slices_on(track.uuid)
+                         if d.ts <= s.ts and s.end_ts is not None and s.end_ts <= d.end_ts),
+                        key=lambda s: s.ts)
+        # FINISHED is left out when Ray timed it after the runner saw the task.
+        names = [s.name for s in states]
+        assert names in (order, order[:-1]), names
+        assert all(s.category == L.CAT_RAY and s.depth == 0 for s in states)
         for a, b in itertools.pairwise(states):
             assert a.end_ts == b.ts  # each state lasts until the next
-        assert d.ts < states[0].ts and states[-1].end_ts is not None
-        assert d.end_ts is not None and states[-1].end_ts < d.end_ts
+        assert states[-1].end_ts == d.end_ts or names[-1] == L.STATE_RUNNING
 
 
 def _job_id() -> str:
@@ -185,7 +194,8 @@ def test_switched_off_nothing_is_read(
     path = tmp_path / "off.perfetto-trace"
     Pipeline([1, 2], [Stage("neg", _neg)]).run(tracing_level=1, trace_path=path, progress=False)
     model = load(path)
-    assert not [s for s in model.slices if s.category == L.CAT_RAY]
+    assert not [t for t in model.tracks.values()
+                if t.name in (L.RAY_PHASES_TRACK, L.RAY_STATES_TRACK)]
     assert L.ARG_RAY_EVENTS_MISSING not in _run_slice(model).args
 
 
@@ -221,11 +231,12 @@ def _run_with_ray_env(tmp_path: Path, env: dict[str, str], n: int) -> tuple[Trac
 def test_events_that_never_come_are_counted_and_the_close_waits_its_budget(
     tmp_path: Path,
 ) -> None:
-    """Ray with its task events off: the close waits its budget, no longer, and the trace
+    """Ray not reporting task events (interval 0): the close waits its budget, no longer, and the trace
     says every execution lacks Ray's events."""
     model, seconds = _run_with_ray_env(
-        tmp_path, {"RAY_enable_task_events": "0", "TRACER_RAY_EVENTS_BUDGET_S": "0.5"}, 4)
-    assert not [s for s in model.slices if s.category == L.CAT_RAY]
+        tmp_path, {"RAY_task_events_report_interval_ms": "0", "TRACER_RAY_EVENTS_BUDGET_S": "0.5"}, 4)
+    # (The driver may still report its tasks' states: the workers' phases never come.)
+    assert not [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
     assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 4
     assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 4
     assert seconds < 30  # generous: the point is that it ends, not how fast
@@ -241,4 +252,4 @@ def test_events_ray_dropped_are_counted(tmp_path: Path) -> None:
     spans = [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
     assert run_slice.args[L.ARG_RAY_EVENTS_DROPPED] > 0
     assert run_slice.args[L.ARG_RAY_EVENTS_MISSING] == 20 - len(spans)
-    assert 0 < len(spans) <= 5
+    assert 0 < len(spans) < 20  # some read before Ray evicted them, not all

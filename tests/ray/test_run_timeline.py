@@ -93,8 +93,9 @@ def test_a_producer_draws_a_run_with_facts(tmp_path: Path) -> None:
 
 
 def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
-    """Ray's phases nest on the worker's 'Ray phases' track, its states in 'dispatched';
-    a state timed outside that slice is clamped into it; what never came is counted."""
+    """Ray's phases nest on the worker's 'Ray phases' track, its states on the lane's 'Ray
+    states' track within 'dispatched'; a state timed outside that slice is clamped into it;
+    what never came is counted."""
     from tracer.ray.timeline import RayTaskEvents
 
     path = tmp_path / "ray-events.perfetto-trace"
@@ -129,8 +130,11 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
         tl.close()
 
     model = read_trace(path, strict=True)
-    ray_slices = [s for s in model.slices if s.category == L.CAT_RAY]
     track_names = {t.uuid: t.name for t in model.tracks.values()}
+    ray_tracks = {u for u, n in track_names.items()
+                  if n in (L.RAY_PHASES_TRACK, L.RAY_STATES_TRACK)}
+    ray_slices = [s for s in model.slices if s.track_uuid in ray_tracks]
+    assert all(s.category == L.CAT_RAY for s in ray_slices)
     spans = [s for s in ray_slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
     assert [(s.name, s.ts, s.dur, s.args[L.ARG_TASK_ID]) for s in spans] == [
         ("ray task map_fn", T0 + 4 * MS, 6 * MS, "a")]
@@ -140,17 +144,18 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     nested = sorted(
         (s.ts, s.name) for s in ray_slices if s.depth == 1 and s.track_uuid == spans[0].track_uuid)
     assert [n for _, n in nested] == [L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS]
-    lane_a = [s for s in ray_slices if s.track_uuid == a.lane.uuid]
+    assert {s.depth for s in model.slices_on(a.lane.uuid)} == {0, 1}  # the task, dispatched
+    (states_a,) = [t for t in model.tracks.values()
+                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == a.lane.uuid]
+    lane_a = sorted(model.slices_on(states_a.uuid), key=lambda s: s.ts)
     # PENDING_ARGS_AVAIL at T0 (before the dispatch at T0 + 1 ms) is clamped into 'dispatched';
-    # FINISHED lasts until the task was received (12 ms), just inside the slice.
-    assert [(s.name, s.depth) for s in sorted(lane_a, key=lambda s: s.ts)][:5] == [
-        (L.STATE_PENDING_ARGS, 2), (L.STATE_PENDING_NODE, 2), (L.STATE_SUBMITTED, 2),
-        (L.STATE_RUNNING, 2), (L.STATE_FINISHED, 2)]
-    first = min(lane_a, key=lambda s: s.ts)
-    assert first.ts == T0 + 1 * MS + 1
-    last = max(lane_a, key=lambda s: s.ts)
-    assert last.end_ts == T0 + 12 * MS - 1
-    lane_b = [s.name for s in ray_slices if s.track_uuid == b.lane.uuid]
+    # FINISHED lasts until the task was received (12 ms).
+    assert [s.name for s in lane_a] == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE,
+                                        L.STATE_SUBMITTED, L.STATE_RUNNING, L.STATE_FINISHED]
+    assert lane_a[0].ts == T0 + 1 * MS and lane_a[-1].end_ts == T0 + 12 * MS
+    (states_b,) = [t for t in model.tracks.values()
+                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == b.lane.uuid]
+    lane_b = [s.name for s in sorted(model.slices_on(states_b.uuid), key=lambda s: s.ts)]
     assert lane_b == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE]
     run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0)
     assert run.args[L.ARG_RAY_EVENTS_MISSING] == 1

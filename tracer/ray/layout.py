@@ -8,19 +8,23 @@ as ``debug.<name>`` (nested: ``debug.resource_request.num_cpus``).
 from __future__ import annotations
 
 # Slice categories: every slice carries exactly one.
+#: The dispatch loop's slices, and Ray's own events of the tasks (Ray's
+#: scheduling states, its phases in the worker: the system's view of a task,
+#: not the runner's nor the tracer's measurement), each on tracks of their own.
 CAT_SCHEDULER = "scheduler"
 CAT_TASK = "task"
 CAT_STAGE = "stage"
 CAT_EXECUTION = "execution"
-#: Ray's own events of a task (its scheduling states, its phases in the worker),
-#: read from Ray's task events (tracer.ray.ray_events).
-CAT_RAY = "ray"
+#: Ray's own events of a task (read from Ray's task events, tracer.ray.ray_events).
+CAT_RAY = CAT_SCHEDULER
 
 # Tracks.
 SCHEDULER_PROCESS = "Scheduler"
 DISPATCH_LOOP_THREAD = "Dispatch loop"
 TASKS_TRACK = "Ray tasks"
 TASK_LANE = "tasks"
+#: Under a task lane: Ray's scheduling states of the tasks on that lane (STATE_*).
+RAY_STATES_TRACK = "Ray states"
 STAGES_TRACK = "Stages"
 NODE_PROCESS_PREFIX = "Node"
 WORKER_THREAD_PREFIX = "worker"
@@ -74,7 +78,7 @@ INSTANT_METRICS_ACTOR_LOST = "metrics actor lost"
 # Task slices (category task): the outer slice is named after the stage.
 SLICE_DISPATCHED = "dispatched"
 
-# Ray's events (category ray).
+# Ray's events (category CAT_RAY, which is CAT_SCHEDULER).
 #: On the worker's RAY_PHASES_TRACK: Ray's whole handling of one task attempt
 #: in its worker ("ray task f"), args task_id, ray_task_id, ray_attempt.
 RAY_TASK_PREFIX = "ray task "
@@ -83,9 +87,10 @@ RAY_TASK_PREFIX = "ray task "
 PHASE_DESERIALIZE = "deserialize arguments"
 PHASE_EXECUTE = "execute"
 PHASE_STORE_OUTPUTS = "store outputs"
-#: Ray's scheduling states, nested in a task's 'dispatched' slice on its lane,
-#: each from the time Ray entered it to the next state (the last, FINISHED or
-#: FAILED, until the runner received the task). Names are Ray's TaskStatus:
+#: Ray's scheduling states, on the RAY_STATES_TRACK under the task's lane,
+#: within its 'dispatched' slice, each from the time Ray entered it to the next
+#: state (the last, FINISHED or FAILED, until the runner received the task; a
+#: state Ray timed after that is left out). Names are Ray's TaskStatus:
 STATE_PENDING_ARGS = "PENDING_ARGS_AVAIL"  # submitted; its arguments are not all ready
 STATE_PENDING_NODE = "PENDING_NODE_ASSIGNMENT"  # waiting for a worker lease
 STATE_SUBMITTED = "SUBMITTED_TO_WORKER"  # leased: pushed to the worker, which starts it

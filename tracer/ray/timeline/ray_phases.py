@@ -12,10 +12,11 @@ draws them where the run timeline drew that execution:
   with the phases nested in it. Not nested in the execution slice: Ray
   deserializes the arguments before the measured execution starts and stores
   the outputs after it ends, so they cannot nest in it;
-* the scheduling states nested in the task's ``dispatched`` slice on its
-  lane, each until the next (the last until the runner received the task),
-  clamped strictly inside that slice (a state Ray timed on another node's
-  clock can fall a little outside).
+* the scheduling states on a ``Ray states`` track under the task's lane
+  (the lane itself holds only the task and its ``dispatched`` slice), each
+  until the next (the last until the runner received the task), clamped
+  into the ``dispatched`` slice (a state Ray timed on another node's clock,
+  or after the runner saw the task, can fall outside it).
 
 Both are written late (Ray reports its events about a second after they
 happen), at their true times. Which executions still wait for their events
@@ -29,7 +30,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tracer.format import TraceWriter
+from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.timeline.nodes import Nodes, Worker
 
@@ -83,6 +84,7 @@ class RayPhases:
     def __init__(self, writer: TraceWriter, nodes: Nodes) -> None:
         self.writer = writer
         self.nodes = nodes
+        self._state_tracks: dict[int, Track] = {}  # by lane uuid
         #: Off until a producer reads Ray's events: nothing is kept for them then.
         self.enabled = False
         self._expected: dict[tuple[str, int], _Expected] = {}
@@ -160,16 +162,21 @@ class RayPhases:
             return
         if task.dispatch_ts is None or task.end_ts is None:
             return
-        lo, hi = task.dispatch_ts + 1, task.end_ts - 1  # strictly inside: its ends are written
+        lo, hi = task.dispatch_ts, task.end_ts
         if hi <= lo:
             return
         w = self.writer
+        track = self._state_tracks.get(task.lane.uuid)
+        if track is None:
+            track = self._state_tracks[task.lane.uuid] = w.track(
+                L.RAY_STATES_TRACK, parent=task.lane
+            )
         bounds = [min(max(ts, lo), hi) for _, ts in ev.states] + [hi]
         for i, (name, _) in enumerate(ev.states):
             start, end = bounds[i], max(bounds[i + 1], bounds[i])
             if end <= start:
                 continue
-            w.begin(task.lane, name, start, category=L.CAT_RAY)
-            w.end(task.lane, end)
+            w.begin(track, name, start, category=L.CAT_RAY)
+            w.end(track, end)
         # Once on the lane, never again (another attempt's states would overlap these).
         task.ray_states_drawn = True
