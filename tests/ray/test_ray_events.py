@@ -231,11 +231,11 @@ def _run_with_ray_env(tmp_path: Path, env: dict[str, str], n: int) -> tuple[Trac
 def test_events_that_never_come_are_counted_and_the_close_waits_its_budget(
     tmp_path: Path,
 ) -> None:
-    """Ray not reporting task events (interval 0): the close waits its budget, no longer, and the trace
-    says every execution lacks Ray's events."""
+    """Ray not reporting task events (interval 0): the close waits its budget, no longer,
+    and the trace says every execution lacks Ray's events."""
     model, seconds = _run_with_ray_env(
-        tmp_path, {"RAY_task_events_report_interval_ms": "0", "TRACER_RAY_EVENTS_BUDGET_S": "0.5"}, 4)
-    # (The driver may still report its tasks' states: the workers' phases never come.)
+        tmp_path,
+        {"RAY_task_events_report_interval_ms": "0", "TRACER_RAY_EVENTS_BUDGET_S": "0.5"}, 4)
     assert not [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
     assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 4
     assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 4
