@@ -94,7 +94,7 @@ def _convert(src: Path, out: Path) -> TraceModel:
 def _check(model: TraceModel, ids: set[str]) -> None:
     tracks = model.tracks
     squares = [s for s in model.slices if s.name == L.RAY_TASK_PREFIX + "square"]
-    assert {s.args["task_id"] for s in squares} == ids
+    assert ids <= {s.args["task_id"] for s in squares}  # (the session's Ray ran others too)
     for s in squares:
         phases = sorted((c for c in model.slices if c.parent_id == s.id), key=lambda c: c.ts)
         assert [p.name for p in phases] == [
@@ -169,9 +169,9 @@ def test_bad_input_is_one_error_line(content: str, needle: str, tmp_path: Path) 
 def test_missing_folder_and_self_overwrite_are_errors(tmp_path: Path) -> None:
     assert_one_line_error(tracer("convert", tmp_path / "nope.json"), "nope.json")
     assert_one_line_error(tracer("convert", tmp_path), "is a folder")
-    src = tmp_path / "t.perfetto-trace"
+    src = tmp_path / "t.json"
     src.write_text("[]")
-    assert_one_line_error(tracer("convert", src), "overwrite the input")
+    assert_one_line_error(tracer("convert", src, "-o", src), "overwrite the input")
 
 
 def test_events_it_cannot_place_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -208,8 +208,8 @@ def _peak_rss(src: Path, out: Path) -> int:
 def test_a_big_timeline_converts_in_bounded_memory(
     timeline: dict[str, Any], tmp_path: Path
 ) -> None:
-    """~60 MB of JSON (Ray's events over and over, shuffled by worker, later in time each
-    round) peaks within a few MiB of what a 1 MB one does."""
+    """~60 MB of JSON (Ray's events over and over, shuffled, later in time each round)
+    peaks within a few MiB of what one round does."""
     events = json.loads(timeline["path"].read_text())
     span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events) + 1
     rng = random.Random(1)
@@ -225,10 +225,10 @@ def test_a_big_timeline_converts_in_bounded_memory(
 
     size = len(json.dumps(events))
     small, big = tmp_path / "small.json", tmp_path / "big.json"
-    write(small, max(1, (1 << 20) // size))
-    write(big, max(1, (60 << 20) // size))
+    write(small, 1)
+    write(big, max(20, (60 << 20) // size))
     small_peak = _peak_rss(small, tmp_path / "small.perfetto-trace")
     big_peak = _peak_rss(big, tmp_path / "big.perfetto-trace")
-    assert big.stat().st_size > 50 * small.stat().st_size
+    assert big.stat().st_size >= 20 * small.stat().st_size
     assert big_peak - small_peak < 16 << 20, (small_peak, big_peak)
     # (trace_processor checks the big trace too: every trace a test writes is loaded.)
