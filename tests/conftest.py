@@ -34,6 +34,11 @@ import tp_check  # noqa: E402
 pytest_plugins = ["pytester", "tp_check"]
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray reports task events every second by default; a traced run's close waits
+# for the last ones (tracer.ray.events_channel). Every 100 ms here, so that the
+# suite's hundreds of short runs do not each wait a second (Ray's processes,
+# started by the tests or their subprocesses, inherit it).
+os.environ.setdefault("RAY_task_events_report_interval_ms", "100")
 # Short (Ray's socket paths must stay under 108 bytes) and this run's own.
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tracer-ray-")
 tp_check.watch_folder(Path(os.environ["RAY_TMPDIR"]))

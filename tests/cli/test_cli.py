@@ -13,7 +13,7 @@ import cli_workloads
 import pytest
 from trace_bytes import cut_inside_a_record, uncompressed
 
-from tracer.query import TraceQuery, records
+from tracer.query import QueryConfig, TraceQuery, records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def truncated(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_summary_as_plain_text(trace: Path) -> None:
-    result = tracer("summary", trace)
+    result = tracer("summary", trace, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     out = result.stdout
@@ -81,10 +81,10 @@ def test_summary_as_plain_text(trace: Path) -> None:
 
 
 def test_summary_as_json_matches_the_api(trace: Path) -> None:
-    result = tracer("summary", trace, "--json", "--buckets", "5")
+    result = tracer("summary", trace, "--json", "--buckets", "5", "--engine", "reader")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    q = TraceQuery(trace)
+    q = TraceQuery(trace, QueryConfig(engine="reader"))
     assert data["engine"] == "reader"
     assert data["run"]["tracing_level"] == 1
     assert data["stages"] == records(q.stage_summary())
@@ -96,7 +96,7 @@ def test_summary_as_json_matches_the_api(trace: Path) -> None:
 
 
 def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None:
-    result = tracer("summary", truncated)
+    result = tracer("summary", truncated, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert "tracer: warning: the trace is truncated" in result.stderr
     assert "Traceback" not in result.stderr
@@ -107,7 +107,7 @@ def test_summary_of_a_trace_cut_inside_its_only_bundle(trace: Path, tmp_path: Pa
     data = trace.read_bytes()  # compressed: one bundle, lost whole when cut
     cut = tmp_path / "cut.perfetto-trace"
     cut.write_bytes(data[: len(data) // 2])
-    result = tracer("summary", cut)
+    result = tracer("summary", cut, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert result.stderr.startswith("tracer: warning: the trace is cut before its first")
     assert len(result.stderr.splitlines()) == 1
@@ -133,6 +133,8 @@ def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path)
     auto = tracer("summary", trace, "--engine", "auto", "--json", env=no_binary_env(tmp_path))
     assert auto.returncode == 0, auto.stderr
     assert json.loads(auto.stdout)["engine"] == "reader"
+    default = tracer("summary", trace, "--json", env=no_binary_env(tmp_path))  # auto
+    assert json.loads(default.stdout) == json.loads(auto.stdout)
 
 
 def test_summary_auto_warns_about_a_broken_trace_processor_path(

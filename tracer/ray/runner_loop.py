@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.ray import layout as L
+from tracer.ray.null_tracer import awaiting_args
 from tracer.ray.timeline import RunTimeline
 
 __all__ = ["LoopCalls"]
@@ -70,9 +71,21 @@ class LoopCalls:
         return _LoopSlice(self, L.SLICE_DISPATCHING, None)
 
     def awaiting(
-        self, num_returns: int | None = None, timeout: float | None = None
+        self,
+        num_returns: int | None = None,
+        timeout: float | None = None,
+        waiting_for_num_results: int | None = None,
+        wait_timeout_s: float | None = None,
     ) -> contextlib.AbstractContextManager[Callable[..., None]]:
-        """Waiting on in-flight tasks (``ray.wait``); yields ``update(**args)`` (``num_ready``)."""
+        """Waiting on in-flight tasks (``ray.wait``); yields ``update(**args)`` (``num_ready``).
+
+        ``waiting_for_num_results`` and ``wait_timeout_s`` are Daft's names for
+        ``num_returns`` and ``timeout``.
+        """
+        if waiting_for_num_results is not None or wait_timeout_s is not None:
+            num_returns, timeout = awaiting_args(
+                num_returns, timeout, waiting_for_num_results, wait_timeout_s
+            )
         args: dict[str, Any] = {}
         if num_returns is not None:
             args["num_returns"] = num_returns

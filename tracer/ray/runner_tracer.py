@@ -46,6 +46,7 @@ from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 from tracer.ray import layout as L
 from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
+from tracer.ray.events_channel import RayEventsChannel
 from tracer.ray.failures import Failures
 from tracer.ray.flusher import Flusher
 from tracer.ray.guard import guarded, guarded_failures
@@ -91,6 +92,7 @@ class RunnerTracer(LoopCalls):
         metrics_actor: Any = None,
         memray_native_traces: bool = False,
         memray_all_allocations: bool = False,
+        ray_events: bool = True,
     ) -> None:
         self.writer = writer
         self.execution_id = execution_id
@@ -125,6 +127,13 @@ class RunnerTracer(LoopCalls):
             if metrics_actor is not None else None
         )
         self._template: TaskContext | None = None  # see task_template
+        # Ray's own events of the tasks (read by the flusher thread and at the close).
+        self._ray_events: RayEventsChannel | None = None
+        if ray_events:
+            try:
+                self._ray_events = RayEventsChannel.start(timeline, self._lock)
+            except Exception as exc:  # private Ray API: never a reason not to trace
+                logger.debug("tracer: not reading Ray's task events: %s", exc)
         writer.flush()
         self._flusher = Flusher(self.flush, f"tracer-flush-{execution_id}")
         self._last_settle = 0
@@ -266,11 +275,13 @@ class RunnerTracer(LoopCalls):
         """Daft compatibility: a waited-on task was not ready yet (not recorded)."""
 
     @guarded
-    def task_received_as_ready(self, task_id: str) -> None:
+    def task_received_as_ready(self, task_id: str, stage_id: int | None = None) -> None:
         """The runner saw the task's result as ready.
 
         Its measurements are fetched at the end of the wave. Runners that
         receive tasks in batches should prefer :meth:`tasks_received_as_ready`.
+        ``stage_id`` is accepted for Daft's runner, which passes it; the
+        tracer knows every task's stage since :meth:`task_created`.
         """
         task = self._tasks.pop(str(task_id), None)
         if task is None:
@@ -470,6 +481,11 @@ class RunnerTracer(LoopCalls):
         """
         if self._disabled or self._closed:
             return
+        if self._ray_events is not None:
+            try:
+                self._ray_events.poll()
+            except Exception as exc:  # Ray's events are extra: losing them stops nothing
+                logger.debug("tracer: reading Ray's task events failed: %s", exc)
         try:
             with self._lock:
                 if self._disabled or self._closed:
@@ -520,6 +536,11 @@ class RunnerTracer(LoopCalls):
             self._actor.cancelled_tasks.clear()
         self._failures.clear()
         self._unreported.clear()
+        if self._ray_events is not None:
+            try:
+                self._ray_events.close()
+            except Exception as exc:
+                logger.debug("tracer: reading Ray's task events failed: %s", exc)
         self._timeline.close(error_args(error) if error is not None else None)
 
 

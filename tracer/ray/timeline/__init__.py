@@ -6,6 +6,14 @@ layer in the layout of :mod:`tracer.ray.layout`. See :mod:`.run`.
 """
 
 from tracer.ray.timeline.memory import MemoryTrace
+from tracer.ray.timeline.ray_phases import RayTaskEvents
 from tracer.ray.timeline.run import CANCEL_ERRORS, Measurements, RunTimeline, TimelineTask
 
-__all__ = ["CANCEL_ERRORS", "Measurements", "MemoryTrace", "RunTimeline", "TimelineTask"]
+__all__ = [
+    "CANCEL_ERRORS",
+    "Measurements",
+    "MemoryTrace",
+    "RayTaskEvents",
+    "RunTimeline",
+    "TimelineTask",
+]

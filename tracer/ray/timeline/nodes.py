@@ -28,13 +28,15 @@ _NODE_BLOCKS = (1 << 32) // _PID_SPACE - 1
 
 
 class Worker:
-    __slots__ = ("lanes", "last_end", "pid", "track")
+    __slots__ = ("lanes", "last_end", "pid", "ray_lanes", "track")
 
     def __init__(self, track: Track, pid: int) -> None:
         self.track = track
         self.pid = pid
         self.last_end = 0
         self.lanes: list[tuple[Track, int]] = []
+        #: Tracks of Ray's phases under the worker, with the end of their last slice.
+        self.ray_lanes: list[tuple[Track, int]] = []
 
 
 class Node:
@@ -97,4 +99,20 @@ class Nodes:
                 return lane
         lane = self.writer.track(f"{L.WORKER_THREAD_PREFIX} {worker.pid}", parent=worker.track)
         worker.lanes.append((lane, end))
+        return lane
+
+    def ray_phases_track(self, worker: Worker, start: int, end: int) -> Track:
+        """The worker's track of Ray's phases free from ``start`` (one more when they overlap).
+
+        A lane is free when its last slice ended before ``start``. The channel
+        draws each batch of Ray's events in order of time, so a worker's tasks,
+        one after another, share one lane; one whose events came late, after
+        later tasks', takes another lane rather than break the nesting.
+        """
+        for i, (lane, lane_end) in enumerate(worker.ray_lanes):
+            if start >= lane_end:
+                worker.ray_lanes[i] = (lane, end)
+                return lane
+        lane = self.writer.track(L.RAY_PHASES_TRACK, parent=worker.track)
+        worker.ray_lanes.append((lane, end))
         return lane

@@ -45,9 +45,10 @@ from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.timeline.memory import MemoryTrace
 from tracer.ray.timeline.nodes import Nodes
+from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
 from tracer.ray.timeline.stages import Stage, Stages
 
-__all__ = ["CANCEL_ERRORS", "Measurements", "RunTimeline", "TimelineTask"]
+__all__ = ["CANCEL_ERRORS", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask"]
 
 #: Measurements of one execution, as a worker reports them (see
 #: :mod:`tracer.ray.task_metrics`): ``start_ns``, ``end_ns``, ``node_id``,
@@ -74,8 +75,10 @@ class TimelineTask:
     __slots__ = (
         "attempt",
         "dispatch_ts",
+        "end_ts",
         "flow",
         "lane",
+        "ray_states_drawn",
         "released",
         "request",
         "stage_id",
@@ -91,6 +94,10 @@ class TimelineTask:
         self.flow = flow  # the stage's arrow to the task's first execution; 0 once drawn
         self.request = request
         self.dispatch_ts: int | None = None
+        #: When its slices ended (:meth:`RunTimeline.task_ended`).
+        self.end_ts: int | None = None
+        #: Ray's scheduling states are on its lane (once: attempts would overlap).
+        self.ray_states_drawn = False
         self.released = False
         self.attempt = 0
 
@@ -127,6 +134,7 @@ class RunTimeline:
         self.stages = Stages(w, w.track(L.STAGES_TRACK, rank=2, child_ordering="explicit"))
         self.nodes = Nodes(w)
         self.memory = MemoryTrace(w, level)
+        self._ray = RayPhases(w, self.nodes)
         # Free lanes with the time they were released: a lane is reused only by a
         # task created after that, so its slices never overlap the last ones, even
         # when those end late (at their receipt time) in the file.
@@ -310,6 +318,7 @@ class RunTimeline:
         if task.dispatch_ts is not None:
             w.end(task.lane, ts)
         w.end(task.lane, ts, args=args)
+        task.end_ts = ts
         self.release(task, ts)
         stage = self.stages.get(task.stage_id)
         if stage is not None:
@@ -378,6 +387,11 @@ class RunTimeline:
             track, name, start, category=L.CAT_EXECUTION, args=args, terminating_flows=flows
         )
         self.writer.end(track, end)
+        if self._ray.enabled:
+            self._ray.expect(
+                str(m.get("ray_task_id") or ""), int(m.get("attempt") or 0), task, task_id,
+                worker, name,
+            )
         if error_type:
             self.writer.instant(
                 track, L.INSTANT_TASK_CANCELLED if cancelled else L.INSTANT_TASK_FAILED, end,
@@ -416,6 +430,27 @@ class RunTimeline:
         before it (None: all, at the end)."""
         self.memory.settle(watermark)
 
+    # ------------------------------------------------------------ Ray's events
+
+    def expect_ray_events(self) -> None:
+        """A producer will bring Ray's events: executions drawn from now on wait for theirs."""
+        self._ray.enabled = True
+
+    def ray_events_wanted(self) -> list[str]:
+        """Ray task ids of drawn executions whose Ray events have not been drawn yet."""
+        return self._ray.wanted()
+
+    def ray_events(
+        self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
+    ) -> int:
+        """Draw Ray's events of drawn executions (see :mod:`.ray_phases`); how many completed.
+
+        ``final``: the last call, draw what there is. ``dropped_by_ray``: the
+        count of events Ray says it dropped, said on the execution slice.
+        """
+        self._ray.dropped_by_ray = max(self._ray.dropped_by_ray, dropped_by_ray)
+        return self._ray.draw(events, final)
+
     # ------------------------------------------------------------ stages, end
 
     def stage_done(self, stage_id: Any) -> None:
@@ -429,9 +464,11 @@ class RunTimeline:
         (with ``lost_measurements`` and ``args``)."""
         self.stages.write_all()
         self.memory.settle(None)
-        self.writer.end(
-            self.loop, args={L.ARG_LOST_MEASUREMENTS: self.lost_measurements, **(args or {})}
-        )
+        end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
+        if self._ray.enabled:
+            end_args[L.ARG_RAY_EVENTS_MISSING] = self._ray.missing
+            end_args[L.ARG_RAY_EVENTS_DROPPED] = self._ray.dropped_by_ray
+        self.writer.end(self.loop, args={**end_args, **(args or {})})
 
 
 def _num(value: Any) -> int | float:
