@@ -138,10 +138,13 @@ def test_a_pipeline_is_traced_like_a_runner(tmp_path: Path) -> None:
     with TraceQuery(path, QueryConfig(engine="reader")) as q:
         summary = q.stage_summary()
         info = q.run_info()
+        flagged = q.memory_flagged()
     assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
     assert list(summary["tasks"]) == [BLOCKS] * 3
     assert list(summary["over_request"]) == [0, BLOCKS, 0]
     assert info["runner"] == "ray-data"
+    # The peak is said to be Ray Data's USS, not an RSS (both engines: they agree below).
+    assert set(flagged["peak_source"]) == {"uss"} and len(flagged) == BLOCKS
     assert_engines_agree(path)
 
 
