@@ -36,10 +36,8 @@ import collections
 import contextlib
 import heapq
 import logging
-import re
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,15 +49,22 @@ from tracer.integrations.ray_data.channel import (
     START_GRACE_S,
     MeasurementChannel,
 )
+from tracer.integrations.ray_data.tasks import (
+    DataTask,
+    Stage,
+    data_error_args,
+    finite,
+    hooked,
+    new_token,
+)
 from tracer.ray import layout as L
 from tracer.ray.flusher import Flusher
 from tracer.ray.levels import TracingLevel
-from tracer.ray.resources import ResourceRequest
-from tracer.ray.task_errors import error_args, memory_at_kill, root_cause, where_from_error
+from tracer.ray.task_errors import memory_at_kill, root_cause, where_from_error
 from tracer.ray.task_metrics import Metrics
-from tracer.ray.timeline import RunTimeline, TimelineTask
+from tracer.ray.timeline import RunTimeline
 
-__all__ = ["RUNNER_NAME", "DataTask", "ExecutionTracer"]
+__all__ = ["RUNNER_NAME", "DataTask", "ExecutionTracer", "new_token"]
 
 logger = logging.getLogger("tracer")
 
@@ -70,56 +75,6 @@ _SETTLE_INTERVAL_NS = 50_000_000
 #: Ray Data's resource figures are sampled at most this often (a step is ~5-15 ms).
 _SAMPLE_INTERVAL_NS = 20_000_000
 _HOOKS = ("on_task_submitted", "on_task_output_generated", "on_task_finished")
-
-
-class DataTask(TimelineTask):
-    """A Ray Data task while the trace needs it: in flight, or awaiting its measurements."""
-
-    __slots__ = (
-        "blocks_out",
-        "bytes_out",
-        "counts_in",
-        "end_args",
-        "ended",
-        "expects_measurements",
-        "key",
-        "measurements",
-        "ray_task_id",
-        "rows_out",
-        "uss_peak",
-    )
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.counts_in = (0, 0, 0)
-        self.blocks_out = self.rows_out = self.bytes_out = 0
-        self.ray_task_id: str | None = None
-        self.uss_peak: int | None = None
-        self.measurements: list[Metrics] = []
-        self.ended = False
-        self.end_args: dict[str, Any] = {}
-        self.expects_measurements = False
-        self.key = (0, 0)  # (stage id, Ray Data's task index)
-
-
-class _Stage:
-    """One physical operator of the execution."""
-
-    __slots__ = ("inflight", "measured", "name", "op", "request", "stage_id", "token")
-
-    def __init__(self, stage_id: int, op: Any, token: str | None) -> None:
-        self.stage_id = stage_id
-        self.op = op
-        self.name = str(getattr(op, "name", type(op).__name__))
-        self.token = token
-        self.measured = token is not None  # its tasks send measurements
-        args = compat.remote_args(op)
-        self.request = ResourceRequest(
-            num_cpus=_float_or_none(args.get("num_cpus")),
-            num_gpus=_float_or_none(args.get("num_gpus")),
-            memory_bytes=_int_or_none(args.get("memory")),
-        )
-        self.inflight = 0
 
 
 class ExecutionTracer:
@@ -145,8 +100,8 @@ class ExecutionTracer:
         self._timeline = RunTimeline(
             writer, execution_id=self.execution_id, runner_name=RUNNER_NAME, level=level,
         )
-        self._stages: dict[int, _Stage] = {}
-        self._by_token: dict[str, _Stage] = {}
+        self._stages: dict[int, Stage] = {}
+        self._by_token: dict[str, Stage] = {}
         self._tasks: dict[tuple[int, int], DataTask] = {}
         self._arrived: collections.deque[list[Metrics]] = collections.deque()
         self._early: dict[tuple[int, int], list[Metrics]] = {}  # before their task's submission
@@ -163,7 +118,7 @@ class ExecutionTracer:
         self._flusher: Flusher | None = None
         try:
             for index, op in enumerate(compat.operators(executor)):
-                stage = _Stage(index, op, tokens.get(id(op)))
+                stage = Stage(index, op, tokens.get(id(op)))
                 self._stages[index] = stage
                 if stage.token is not None:
                     self._by_token[stage.token] = stage
@@ -208,7 +163,7 @@ class ExecutionTracer:
 
     # ------------------------------------------------------------ operator hooks
 
-    def _hook(self, op: Any, stage: _Stage) -> None:
+    def _hook(self, op: Any, stage: Stage) -> None:
         metrics = compat.op_metrics(op)
         if metrics is None:
             return
@@ -216,7 +171,7 @@ class ExecutionTracer:
             original = getattr(metrics, name, None)
             if original is None:
                 continue
-            setattr(metrics, name, _hooked(original, fact, stage, self._guard))
+            setattr(metrics, name, hooked(original, fact, stage, self._guard))
             self._hooked.append((metrics, name))
 
     def _release(self) -> None:
@@ -230,7 +185,7 @@ class ExecutionTracer:
             if stage.token is not None:
                 self._channel.unregister(stage.token)
 
-    def _submitted(self, stage: _Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _submitted(self, stage: Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, inputs, ray_task_id = compat.submitted_args(args, kwargs)
         now = self.writer.now()
         key = (stage.stage_id, index)
@@ -251,7 +206,7 @@ class ExecutionTracer:
         self._timeline.count_stage_inflight(stage.stage_id, stage.inflight)
         self._timeline.count_inflight(self._inflight)
 
-    def _output(self, stage: _Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _output(self, stage: Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, output = compat.output_args(args, kwargs)
         task = self._tasks.get((stage.stage_id, index))
         if task is None:
@@ -264,7 +219,7 @@ class ExecutionTracer:
         if uss is not None and (task.uss_peak is None or uss > task.uss_peak):
             task.uss_peak = uss
 
-    def _finished(self, stage: _Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _finished(self, stage: Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, error, uss = compat.finished_args(args, kwargs)
         task = self._tasks.get((stage.stage_id, index))
         if task is None or task.ended:
@@ -416,8 +371,8 @@ class ExecutionTracer:
         tl.count_object_store_used(int(getattr(usage, "object_store_memory", 0) or 0))
         left: dict[str, float | None] = {}
         for key in ("cpu", "gpu", "memory", "object_store_memory"):
-            limit = _finite(getattr(limits, key, None))
-            used = _finite(getattr(usage, key, None))
+            limit = finite(getattr(limits, key, None))
+            used = finite(getattr(usage, key, None))
             left[key] = None if limit is None or used is None else max(limit - used, 0.0)
         tl.sample_available(
             cpus=left["cpu"], gpus=left["gpu"], memory=left["memory"],
@@ -499,71 +454,3 @@ class ExecutionTracer:
         if self._inflight:
             tl.count_inflight(0)
         tl.close(data_error_args(error) if error is not None else None)
-
-
-#: A line naming an exception and its message, as tracebacks end ("ValueError: boom").
-_EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.+)$"
-)
-
-
-def data_error_args(error: BaseException) -> dict[str, str]:
-    """``error_type`` and ``error`` of a Ray Data failure: the UDF's own exception.
-
-    Ray Data wraps a UDF's exception in ``UserCodeException`` ("UDF failed to
-    process a data block", then retry advice) whose text carries the
-    original traceback first: its "Type: message" line is what went wrong.
-    Any other error: :func:`~tracer.ray.task_errors.error_args`.
-    """
-    args = error_args(error)
-    text = str(error)
-    if "direct cause of the following exception" in text:
-        for line in text.splitlines():
-            match = _EXCEPTION_LINE.match(line.strip())
-            if match:
-                return {L.ARG_ERROR_TYPE: match.group(1), L.ARG_ERROR: line.strip()[:500]}
-    return args
-
-
-def new_token() -> str:
-    """An operator's token: how its tasks' measurements find their execution and stage."""
-    return uuid.uuid4().hex[:16]
-
-
-def _hooked(
-    original: Callable[..., Any],
-    fact: Callable[[_Stage, tuple[Any, ...], dict[str, Any]], None],
-    stage: _Stage,
-    guard: Callable[..., None],
-) -> Callable[..., Any]:
-    """``original`` (Ray Data's hook), then the fact it reports, guarded."""
-
-    def hook(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        guard(fact, stage, args, kwargs)
-        return result
-
-    hook.__tracer_hook__ = True  # type: ignore[attr-defined]
-    return hook
-
-
-def _finite(value: Any) -> float | None:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f and f not in (float("inf"), float("-inf")) else None
-
-
-def _float_or_none(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
