@@ -4,7 +4,7 @@ Supported: Ray 2.50 (the floor of tracer's ``ray>=``) up to the newest
 (2.60 when this was written). CI runs the installed Ray only; the hooks
 below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
 2.60. Each difference, with what covers it (tests in
-``tests/integrations/test_ray_data_compat.py`` unless said otherwise):
+``tests/ray/test_ray_data_compat.py`` unless said otherwise):
 
 1. **Registering a callback** (2.55): up to 2.54 the ``DataContext`` holds
    callback *instances* in its key-value config
