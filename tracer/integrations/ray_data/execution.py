@@ -158,6 +158,10 @@ class ExecutionTracer:
             "it continues untraced; the trace so far is in %s",
             self.execution_id, type(exc).__name__, exc, self.trace_path,
         )
+        # The stages' slices start the arrows to the executions already written: without
+        # them, those arrows' ends point at nothing (best effort: the state may be the bug).
+        with contextlib.suppress(Exception), self._lock:
+            self._timeline.stages.write_all()
         with contextlib.suppress(Exception):
             self.writer.close()
 
