@@ -95,6 +95,39 @@ def test_a_producer_draws_a_run_with_facts(tmp_path: Path) -> None:
     assert_engines_agree(path)
 
 
+def test_counters_a_scheduler_reports_itself(tmp_path: Path) -> None:
+    """Per-stage tasks in flight, object-store memory, resources left (Ray Data's figures)."""
+    path = tmp_path / "counters.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="c", runner_name="engine", loop_pid=5, loop_tid=5)
+        task = tl.task_created(TimelineTask, "t0", 3, ResourceRequest(), T0, stage_name="map")
+        tl.count_stage_inflight(3, 1)
+        tl.count_stage_inflight(3, 1)  # unchanged: not written again
+        tl.sample_available(cpus=1.5, object_store_memory=10 * MIB)
+        tl.count_object_store_used(2 * MIB)
+        tl.execution({"start_ns": T0 + MS, "end_ns": T0 + 2 * MS, "node_id": "n" * 40,
+                      "pid": 9, "rss_peak": 200 * MIB, "uss_peak": 120 * MIB}, task)
+        tl.task_ended(task, T0 + 3 * MS, None)
+        tl.count_stage_inflight(3, 0)
+        tl.sample_available(cpus=2, object_store_memory=12 * MIB)
+        tl.close()
+    model = read_trace(path, strict=True)
+    by_name = {t.name: t for t in model.tracks.values() if t.kind == "counter"}
+    values = {name: [c.value for c in model.counters_on(t.uuid)] for name, t in by_name.items()}
+    stage = L.COUNTER_STAGE_INFLIGHT.format(stage="3: map")
+    assert values[stage] == [1, 0]
+    assert values[L.COUNTER_AVAILABLE_CPUS] == [1.5, 2]
+    assert values[L.COUNTER_AVAILABLE_OBJECT_STORE] == [10 * MIB, 12 * MIB]
+    assert values[L.COUNTER_OBJECT_STORE_USED] == [2 * MIB]
+    assert L.COUNTER_AVAILABLE_GPUS in by_name and not values[L.COUNTER_AVAILABLE_GPUS]
+    scheduler = model.parent_of(by_name[stage].uuid)
+    assert scheduler is not None and scheduler.name == "Scheduler (engine)"
+    # Without a heap peak, the engine's USS peak is the execution's actual memory.
+    (e,) = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK] == 120 * MIB
+    assert_engines_agree(path)
+
+
 def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     """Ray's phases nest on the worker's 'Ray phases' track, its states on the lane's 'Ray
     states' track within 'dispatched'; a state timed outside that slice is clamped into it;

@@ -65,7 +65,10 @@ def test_right_sized(traced_memory):
     # The same run against budgets it breaks, and input that cannot be checked.
     with pytest.raises(MemoryBudgetError, match="more than 0.5x their memory request"):
         run.assert_within_request(factor=0.5)
-    with pytest.raises(MemoryBudgetError, match="'grow': max peak 16 MiB .* over its budget"):
+    # Up to 1 MiB of Ray's own threads in memray's figures (as the outer test's rows).
+    with pytest.raises(
+        MemoryBudgetError, match=r"'grow': max peak 16(\\.\\d+)? MiB .* over its budget"
+    ):
         run.assert_stage_peak("grow", "16 MiB")
     with pytest.raises(TracedMemoryError, match="no stage named 'grwo'.*stages: 'grow', 'small'"):
         run.assert_stage_peak("grwo", "20 MiB")
@@ -145,7 +148,8 @@ def test_budgets_pass_and_fail_as_written(
     assert "test_inner.py:" in under  # the failure points at the test's own line
 
     over = failures["test_marker_over_budget"]
-    assert "stage 'grow': max peak 16 MiB" in over and "over its budget 8 MiB" in over
+    assert re.search(r"stage 'grow': max peak 16(\.\d+)? MiB", over), over  # as the rows above
+    assert "over its budget 8 MiB" in over
     marker_traces = _kept_traces(over)
     assert len(marker_traces) == 1 and marker_traces[0].is_file()
     # Kept for the failed test; the marked tests that passed or never ran left nothing.

@@ -1,5 +1,7 @@
-"""Layer 3: engines traced through tracer's public API (``tracer.integrations.daft``, ...).
+"""Layer 3: engines traced without changing their users' code
+(``tracer.integrations.daft``, ``tracer.integrations.ray_data``).
 
-Each integration imports its engine only when used, so this package imports
+Each is built on the public API of the Ray layer (``tracer.ray``, its run
+timeline) and imports its engine only when used, so this package imports
 without any engine installed.
 """

@@ -198,7 +198,12 @@ class TraceRows(TraceVisitor):
         peak = byte_amount(args, L.ARG_MEMORY_PEAK)
         source = None
         if peak is not None:
-            source = "heap" if byte_amount(args, L.ARG_HEAP_PEAK) is not None else "rss"
+            if byte_amount(args, L.ARG_HEAP_PEAK) is not None:
+                source = "heap"
+            elif byte_amount(args, L.ARG_USS_PEAK) is not None:
+                source = "uss"  # the engine's own per-task figure (Ray Data)
+            else:
+                source = "rss"
         self.executions.append(
             (
                 s.id,

@@ -20,8 +20,9 @@ both engines give the same suggestions. The rule, per stage:
 
 What a peak is decides what the suggestion means: at level 2 memray's heap
 peak of the task (what the task itself allocated, without the worker's own
-~100 MiB), at level 1 the worker's RSS peak (which includes that baseline, so
-the suggestion is too high by about that much). ``peak_basis`` says which
+~100 MiB), at level 1 the worker's RSS peak, or its USS peak where the engine
+measured one (Ray Data); both include that baseline, so the suggestion is too
+high by about that much. ``peak_basis`` says which
 (``"heap"``, ``"rss"``, or ``"at kill"`` when the largest is a killed task's).
 """
 
@@ -114,7 +115,8 @@ def _suggest(
             "their memory at the kill, so this is a lower bound"
         )
     if basis == "rss":
-        notes.append("level-1 peaks are worker RSS, including the worker's own ~100 MiB")
+        notes.append(
+            "level-1 peaks are worker RSS (or USS), including the worker's own ~100 MiB")
     suggested = change = ratio = per_node = per_node_now = None
     if peak is None:
         notes.insert(0, "no measured task: nothing to suggest from")

@@ -40,6 +40,13 @@ COUNTER_INFLIGHT = "tasks in flight"
 COUNTER_AVAILABLE_CPUS = "available CPUs"
 COUNTER_AVAILABLE_GPUS = "available GPUs"
 COUNTER_AVAILABLE_MEMORY = "available memory"
+#: Object-store memory the producer's scheduler has left (Ray Data's resource manager).
+COUNTER_AVAILABLE_OBJECT_STORE = "available object store memory"
+#: Object-store memory in use by the run's blocks, as the producer's scheduler counts it.
+COUNTER_OBJECT_STORE_USED = "object store memory used"
+#: Tasks of one stage in flight, under the Scheduler process; ``stage`` is the
+#: stage's track name ("1: MapBatches(f)"). COUNTER_INFLIGHT is all stages'.
+COUNTER_STAGE_INFLIGHT = "tasks in flight ({stage})"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.timeline.memory).
@@ -120,6 +127,8 @@ ARG_WAVE = "wave"
 # Counts in a wave's args (the END of its slice).
 ARG_TASKS_ADDED = "tasks_added"
 ARG_TASKS_DISPATCHED = "tasks_dispatched"
+#: Tasks that ended during the wave (producers whose loop reports it: Ray Data).
+ARG_TASKS_FINISHED = "tasks_finished"
 ARG_ACTOR_TASKS_DISPATCHED = "actor_tasks_dispatched"
 ARG_TASK_ID = "task_id"
 ARG_STAGE_ID = "stage_id"
@@ -148,6 +157,14 @@ ARG_RAY_ATTEMPTS = "ray_attempts"
 ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
 #: On the execution slice (END, at close): tasks whose measurements were lost.
 ARG_LOST_MEASUREMENTS = "lost_measurements"
+#: On a task slice (END), what the task read and wrote, where the engine counts
+#: it (Ray Data): blocks, rows and bytes in and out.
+ARG_BLOCKS_IN = "blocks_in"
+ARG_ROWS_IN = "rows_in"
+ARG_BYTES_IN = "bytes_in"
+ARG_BLOCKS_OUT = "blocks_out"
+ARG_ROWS_OUT = "rows_out"
+ARG_BYTES_OUT = "bytes_out"
 ARG_REASON = "reason"
 #: On the execution slice (END, at close), when Ray's events were read: how
 #: many executions got no Ray events (never arrived within the close's
@@ -160,9 +177,10 @@ ARG_RAY_EVENTS_DROPPED = "ray_events_dropped"
 #: What the task asked Ray for (``memory=``); 0 means no request.
 ARG_MEMORY_REQUESTED = "memory_requested"
 #: The task's actual peak: at level 2 memray's heap high-water mark of the task
-#: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the worker
-#: process's peak RSS while the task ran (ARG_RSS_PEAK semantics: an upper bound
-#: that includes the worker's own baseline).
+#: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the engine's own
+#: per-task USS peak where it measures one (ARG_USS_PEAK: Ray Data), else the
+#: worker process's peak RSS while the task ran (ARG_RSS_PEAK semantics: an
+#: upper bound that includes the worker's own baseline).
 ARG_MEMORY_PEAK = "memory_peak"
 #: ``true`` when memory_peak > memory_requested > 0; absent otherwise. A task
 #: with no request (0) is never "over": find those with memory_requested = 0.
@@ -174,6 +192,11 @@ ARG_HEAP_RETAINED = "heap_retained"  # level 2: bytes still allocated at the tas
 ARG_TOTAL_ALLOCATED = "total_allocated"
 ARG_ALLOCATION_COUNT = "allocation_count"
 ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_peak)
+#: The worker process's peak USS (unique set size) while the task ran, as the
+#: engine itself measured it (Ray Data's per-task estimate). Without a heap
+#: peak (level 1) it is memory_peak: like RSS it includes the worker's own
+#: baseline, but not the pages it shares with other processes.
+ARG_USS_PEAK = "uss_peak"
 #: Level 2, only when memray did not measure the task alone: "unavailable"
 #: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of
 #: the same worker process ran meanwhile and are in its heap figures).

@@ -188,8 +188,8 @@ def _peak_cell(t: TaskMemory) -> str:
         return "-"
     if t.oom_killed:
         return f"{format_size(t.used)} at kill"
-    if t.peak_source == "rss":  # memray was unavailable: the worker's RSS
-        return f"{format_size(t.used)} (RSS)"
+    if t.peak_source in ("rss", "uss"):  # memray was unavailable: the worker's RSS or USS
+        return f"{format_size(t.used)} ({t.peak_source.upper()})"
     return format_size(t.used)
 
 

@@ -45,8 +45,9 @@ class TaskMemory:
     ``requested`` is its ``memory=`` (None: it asked for none); ``peak`` the
     measured peak (memray's heap peak at level 2; None: not measured, e.g.
     measurements lost, or killed); ``oom_killed`` with ``killed_at``, the
-    worker's memory Ray reported at the kill. ``peak_source`` is ``"heap"``
-    or ``"rss"`` when known (tasks over their request), else None.
+    worker's memory Ray reported at the kill. ``peak_source`` is ``"heap"``,
+    ``"uss"`` (the engine's own figure: Ray Data) or ``"rss"`` when known
+    (tasks over their request), else None.
     """
 
     stage: str

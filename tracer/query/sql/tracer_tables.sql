@@ -77,9 +77,11 @@ DROP TABLE tracer_dispatched;
 -- on a worker thread of a node process, or on a lane under the worker when
 -- executions overlap: the stdlib's thread_slice has both, with their thread
 -- and process names). memory_peak is the task's peak memory:
--- memray's heap peak at level 2 (peak_source 'heap'), else the worker
--- process's peak RSS while the task ran (peak_source 'rss': level 1, or level 2
--- when memray was unavailable; it includes the worker's own baseline).
+-- memray's heap peak at level 2 (peak_source 'heap'), else the engine's own
+-- per-task USS peak of the worker where it measures one (peak_source 'uss':
+-- Ray Data), else the worker process's peak RSS while the task ran
+-- (peak_source 'rss': level 1, or level 2 when memray was unavailable). USS and
+-- RSS include the worker's own baseline.
 CREATE TABLE tracer_execution AS
 SELECT
   s.id AS slice_id,
@@ -93,6 +95,7 @@ SELECT
   CASE
     WHEN EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') IS NULL THEN NULL
     WHEN EXTRACT_ARG(s.arg_set_id, 'debug.heap_peak') IS NOT NULL THEN 'heap'
+    WHEN EXTRACT_ARG(s.arg_set_id, 'debug.uss_peak') IS NOT NULL THEN 'uss'
     ELSE 'rss'
   END AS peak_source,
   EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,

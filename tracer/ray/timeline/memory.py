@@ -5,7 +5,8 @@
 
 * returns the execution slice's memory annotations (names in
   :mod:`tracer.ray.layout`): ``memory_requested``, ``memory_peak``,
-  ``over_request`` when the peak exceeds a non-zero request, and at level 2
+  ``over_request`` when the peak exceeds a non-zero request, ``uss_peak``
+  when the engine measured one (the peak is then the heap's, else it), and at level 2
   ``heap_peak``, ``allocations``, ``heap_retained``, ``rss_peak`` (and
   ``memray`` when memray did not measure the task alone);
 * queues samples for the worker's **heap** and **RSS** counters (under the
@@ -104,13 +105,16 @@ class MemoryTrace:
         if requested is not None:
             args[L.ARG_MEMORY_REQUESTED] = int(requested)
         heap_peak = _int_or_none(m.get("heap_peak"))
+        uss_peak = _int_or_none(m.get("uss_peak"))
         rss_peak = _int_or_none(m.get("rss_peak"))
-        peak = heap_peak if heap_peak is not None else rss_peak
+        peak = next((p for p in (heap_peak, uss_peak, rss_peak) if p is not None), None)
         if peak is not None:
             args[L.ARG_MEMORY_PEAK] = peak
         over = bool(requested) and peak is not None and peak > int(requested or 0)
         if over:
             args[L.ARG_OVER_REQUEST] = True
+        if uss_peak is not None:
+            args[L.ARG_USS_PEAK] = uss_peak
         if heap_peak is not None:
             args[L.ARG_HEAP_PEAK] = heap_peak
             for key, name in (

@@ -15,7 +15,11 @@ What it draws:
 * a **Scheduler** process with a **Dispatch loop** thread: an ``execution``
   slice around the run, the loop's phases nested in it, instants, and
   counters of tasks in flight and the cluster's available CPUs, GPUs and
-  memory (what the dispatched tasks asked for, subtracted from the totals);
+  memory (what the dispatched tasks asked for, subtracted from the totals;
+  or, for an engine whose scheduler counts for itself, its own figures:
+  :meth:`RunTimeline.sample_available`, with the object store's, and
+  :meth:`RunTimeline.count_object_store_used`), and per stage, tasks in
+  flight (:meth:`RunTimeline.count_stage_inflight`);
 * **Ray tasks**: each task from created to ended with its nested
   ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
   merges) so that thousands of overlapping tasks never break nesting; a lane
@@ -35,7 +39,7 @@ import os
 import threading
 from typing import Any, TypeVar
 
-from tracer.format import TraceWriter, Track
+from tracer.format import CounterTrack, TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
@@ -138,6 +142,10 @@ class RunTimeline:
         self._request_annotations: dict[int, tuple[ResourceRequest, dict[str, Any]]] = {}
         #: Tasks whose measurements will never arrive (see :meth:`lost`).
         self.lost_measurements = 0
+        # Counters a producer samples with figures of its own (declared on first use).
+        self._stage_inflight: dict[Any, CounterTrack] = {}
+        self._avail_object_store: CounterTrack | None = None
+        self._object_store_used: CounterTrack | None = None
 
         totals = cluster_resources or {}
         self._total_cpus = float(totals.get("CPU", 0.0))
@@ -179,6 +187,57 @@ class RunTimeline:
             w.counter(self._avail_gpus, _num(self._total_gpus - self._used_gpus))
         if self._total_mem:
             w.counter(self._avail_mem, int(self._total_mem - self._used_mem))
+
+    def count_stage_inflight(self, stage_id: Any, count: int) -> None:
+        """Tasks of one stage in flight: a counter per stage under the Scheduler
+        (``COUNTER_STAGE_INFLIGHT``), next to the run's *tasks in flight*."""
+        track = self._stage_inflight.get(stage_id)
+        if track is None:
+            stage = self.stages.get(stage_id)
+            label = stage.track.name if stage is not None else f"{stage_id}"
+            track = self._stage_inflight[stage_id] = self.writer.counter_track(
+                L.COUNTER_STAGE_INFLIGHT.format(stage=label), parent=self.scheduler
+            )
+        self.writer.counter(track, count)
+
+    def sample_available(
+        self,
+        *,
+        cpus: float | None = None,
+        gpus: float | None = None,
+        memory: float | None = None,
+        object_store_memory: float | None = None,
+    ) -> None:
+        """Resources left as the producer's own scheduler counts them (Ray Data's
+        resource manager), on the *available ...* counters that
+        :meth:`sample_resources` fills from the timeline's own accounting (a
+        producer uses one or the other), plus *available object store memory*.
+        None: not known, not sampled. Like every counter, a sample equal to the
+        last is not written."""
+        w = self.writer
+        if cpus is not None:
+            w.counter(self._avail_cpus, _num(cpus))
+        if gpus is not None:
+            w.counter(self._avail_gpus, _num(gpus))
+        if memory is not None:
+            w.counter(self._avail_mem, int(memory))
+        if object_store_memory is not None:
+            track = self._avail_object_store
+            if track is None:
+                track = self._avail_object_store = w.counter_track(
+                    L.COUNTER_AVAILABLE_OBJECT_STORE, parent=self.scheduler, unit="bytes"
+                )
+            w.counter(track, int(object_store_memory))
+
+    def count_object_store_used(self, nbytes: int) -> None:
+        """Object-store memory held by the run's data, as the producer's scheduler counts
+        it (``COUNTER_OBJECT_STORE_USED``)."""
+        track = self._object_store_used
+        if track is None:
+            track = self._object_store_used = self.writer.counter_track(
+                L.COUNTER_OBJECT_STORE_USED, parent=self.scheduler, unit="bytes"
+            )
+        self.writer.counter(track, int(nbytes))
 
     def lost(self, task_id: str, why: str) -> None:
         """A task's measurements will never arrive (counted on the execution slice at the end)."""

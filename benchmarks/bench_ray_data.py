@@ -1,0 +1,114 @@
+"""What tracing costs a Ray Data pipeline: wall time per level, trace bytes per task.
+
+Run by hand (it is not a test), from the project root:
+
+    .venv/bin/python benchmarks/bench_ray_data.py                    # 2000 tasks, ~10-15 min
+    .venv/bin/python benchmarks/bench_ray_data.py --tasks 500 --repeats 2 --levels none,0,1
+
+It starts a local Ray (``--num-cpus``, default 2) and runs
+``ray.data.range(T, override_num_blocks=T).map_batches(noop).materialize()``
+(T tasks of one fused operator) under each setting, interleaved and rotated
+in every repetition after one untimed warm-up:
+
+* ``none``: nothing registered (plain Ray Data);
+* ``0``: ``RAY_DATA_EXECUTION_CALLBACKS`` names the callback, the level is unset
+  (what "switched off" costs);
+* ``1`` / ``2``: ``tracer.integrations.ray_data.enable(level=...)``.
+
+It reports the median wall time per setting with its spread (min-max), the
+ratio of each median to ``none``'s, and the level-1 trace's bytes per task
+(targets: level 1 <= 1.05x, level 0 no measurable difference, <= 200 B per
+task). The machine's other load shows in the spread: read the ratios with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.data
+
+import tracer.integrations.ray_data as traced_data
+
+CALLBACK = "tracer.integrations.ray_data.TracingCallback"
+TARGET_RATIO = 1.05
+TARGET_BYTES_PER_TASK = 200.0
+
+
+def noop(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def run(tasks: int, setting: str, folder: Path) -> tuple[float, Path | None]:
+    os.environ.pop("RAY_DATA_EXECUTION_CALLBACKS", None)
+    os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
+    traced_data.disable()
+    if setting == "0":
+        os.environ["RAY_DATA_EXECUTION_CALLBACKS"] = CALLBACK
+    elif setting in ("1", "2"):
+        traced_data.enable(level=int(setting), path=folder)
+    before = len(traced_data.trace_paths())
+    start = time.perf_counter()
+    ray.data.range(tasks, override_num_blocks=tasks).map_batches(noop).materialize()
+    elapsed = time.perf_counter() - start
+    paths = traced_data.trace_paths()
+    return elapsed, paths[-1] if len(paths) > before else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--levels", default="none,0,1,2")
+    parser.add_argument("--num-cpus", type=int, default=2)
+    args = parser.parse_args()
+    settings = [s.strip() for s in args.levels.split(",") if s.strip()]
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    folder = Path(tempfile.mkdtemp(prefix="bench-ray-data-"))
+    run(min(args.tasks, 200), "1", folder)  # warm-up: workers, the metrics actor, imports
+    times: dict[str, list[float]] = {s: [] for s in settings}
+    sizes: list[float] = []
+    for rep in range(args.repeats):
+        order = settings[rep % len(settings):] + settings[: rep % len(settings)]
+        for setting in order:
+            elapsed, path = run(args.tasks, setting, folder)
+            times[setting].append(elapsed)
+            if setting == "1" and path is not None:
+                sizes.append(path.stat().st_size / args.tasks)
+            print(f"  rep {rep} level {setting:>4}: {elapsed:6.2f} s", flush=True)
+    base = statistics.median(times[settings[0]])
+    print(f"\n{args.tasks} tasks, {args.repeats} repetitions, {args.num_cpus} CPUs "
+          f"(medians; spread = min-max; ratio to '{settings[0]}')")
+    failed = False
+    for setting in settings:
+        values = times[setting]
+        med = statistics.median(values)
+        ratio = med / base
+        target = ""
+        if setting == "1":
+            ok = ratio <= TARGET_RATIO
+            failed |= not ok
+            target = f"  target <= {TARGET_RATIO:.2f}x: {'PASS' if ok else 'FAIL'}"
+        print(f"  level {setting:>4}: {med:7.2f} s  ({min(values):.2f}-{max(values):.2f})  "
+              f"{ratio:5.3f}x{target}")
+    if sizes:
+        per_task = statistics.median(sizes)
+        ok = per_task <= TARGET_BYTES_PER_TASK
+        failed |= not ok
+        print(f"  level 1 trace: {per_task:.0f} B per task "
+              f"(target <= {TARGET_BYTES_PER_TASK:.0f}: {'PASS' if ok else 'FAIL'})")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

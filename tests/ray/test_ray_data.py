@@ -1,0 +1,390 @@
+"""Ray Data pipelines traced with no code change, on real Ray Data (one node).
+
+Each test runs a tiny pipeline (a handful of blocks: Ray Data on 2 CPUs
+spends ~10 ms of its scheduling loop per task) and checks the trace it wrote
+against what the pipeline itself reports: the pids and nodes its UDFs ran
+in, Ray Data's operator names, its task counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="Ray Data needs pip install -e '.[raydata]'")
+
+import ray
+import ray.data
+from engines_agree import assert_engines_agree
+from ray_data_checks import (
+    by_task,
+    check_data_trace,
+    executions,
+    load_data_trace,
+    only_trace,
+)
+
+import tracer.integrations.ray_data as traced_data
+from tracer.errors import InvalidTracingLevelError
+from tracer.integrations.ray_data import _compat
+from tracer.query import QueryConfig, TraceQuery
+from tracer.ray import layout as L
+
+MIB = 1 << 20
+BLOCKS = 6
+CALLBACK = "tracer.integrations.ray_data.TracingCallback"
+
+
+def where(batch: dict[str, Any]) -> dict[str, Any]:
+    """A task-pool UDF that records where it ran."""
+    n = len(batch["id"])
+    batch["pid"] = [os.getpid()] * n
+    batch["node"] = [ray.get_runtime_context().get_node_id()] * n
+    return batch
+
+
+class ActorWhere:
+    """An actor-pool UDF (a class): where it ran, in a column of its own."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch["actor_pid"] = [os.getpid()] * len(batch["id"])
+        return batch
+
+
+@pytest.fixture(scope="module")
+def _module(ray_local: None) -> Iterator[None]:
+    yield
+    traced_data.disable()  # and the job's metrics actor with it
+
+
+@pytest.fixture(autouse=True)
+def _quiet_data_context(_module: None) -> Iterator[None]:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield
+    # Tracing off between tests, the metrics actor kept for the next (as in one program).
+    with contextlib.suppress(KeyError):
+        ctx.remove_config(traced_data.CONFIG_KEY)
+    _compat.unregister_callback(ctx, traced_data.TracingCallback)
+
+
+def _pipeline() -> Any:
+    return (
+        ray.data.range(BLOCKS * 2, override_num_blocks=BLOCKS)
+        .map_batches(where, memory=4 * MIB)
+        .map_batches(ActorWhere, compute=ray.data.ActorPoolStrategy(size=1))
+    )
+
+
+def test_a_pipeline_is_traced_like_a_runner(tmp_path: Path) -> None:
+    assert traced_data.enable(level=1, path=tmp_path)
+    rows = _pipeline().take_all()
+    assert sorted(r["id"] for r in rows) == list(range(BLOCKS * 2))
+
+    path = only_trace(tmp_path)
+    assert path.name.startswith("ray-data.dataset_") and path in traced_data.trace_paths()
+    model, rt = load_data_trace(path)
+    # memory= keeps Ray Data from fusing the read into the first map; the class UDF
+    # runs on an actor pool: three physical operators, numbered as Ray Data numbers them.
+    stages = check_data_trace(rt, {"1: ReadRange": BLOCKS, "2: MapBatches(where)": BLOCKS,
+                                   "3: MapBatches(ActorWhere)": BLOCKS})
+    tasks = by_task(rt.task_slices)
+    execs = by_task(executions(model))
+    assert set(execs) == set(tasks)
+
+    # Each execution is on the worker its UDF ran in: task pool and actor pool.
+    task_pids = {r["pid"] for r in rows}
+    actor_pids = {r["actor_pid"] for r in rows}
+    assert len(actor_pids) == 1 and not task_pids & actor_pids
+    workers = {e.name: set() for e in execs.values()}
+    for e in execs.values():
+        workers[e.name].add(int(model.tracks[e.track_uuid].name.split()[-1]))  # type: ignore[union-attr]
+    assert workers["MapBatches(where)"] == task_pids
+    assert workers["MapBatches(ActorWhere)"] == actor_pids
+    assert not workers["ReadRange"] & actor_pids
+
+    for task_id, task in tasks.items():
+        e = execs[task_id]
+        # Ray's task id, on the task (Ray Data's) and on the execution (the worker's).
+        assert task.args[L.ARG_RAY_TASK_ID] == e.args[L.ARG_RAY_TASK_ID]
+        assert task.args[L.ARG_BLOCKS_IN] == 1 and task.args[L.ARG_BLOCKS_OUT] == 1
+        assert task.args[L.ARG_ROWS_OUT] == 2 and task.args[L.ARG_BYTES_OUT] > 0
+        # Level 1: the actual memory is Ray Data's own USS peak of the task.
+        assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK] > 10 * MIB
+        if task.name == "MapBatches(where)":
+            assert task.args[L.ARG_ROWS_IN] == 2
+            assert task.args[L.ARG_RESOURCE_REQUEST] == {
+                "num_cpus": 1, "num_gpus": 0, "memory_bytes": 4 * MIB}
+            assert e.args[L.ARG_OVER_REQUEST] is True
+
+    # The loop: a wave per scheduling step, with what it submitted and saw finish.
+    waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
+    assert sum(w.args[L.ARG_TASKS_DISPATCHED] for w in waves) == 3 * BLOCKS
+    assert sum(w.args[L.ARG_TASKS_FINISHED] for w in waves) == 3 * BLOCKS
+    for name in stages:
+        assert max(rt.counter_values(L.COUNTER_STAGE_INFLIGHT.format(stage=name))) >= 1
+    assert max(rt.counter_values(L.COUNTER_INFLIGHT)) >= 1
+    assert rt.counter_values(L.COUNTER_INFLIGHT)[-1] == 0
+    assert L.COUNTER_OBJECT_STORE_USED in rt.counters
+    assert L.COUNTER_AVAILABLE_OBJECT_STORE in rt.counters
+
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        summary = q.stage_summary()
+        info = q.run_info()
+        flagged = q.memory_flagged()
+    assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
+    assert list(summary["tasks"]) == [BLOCKS] * 3
+    assert list(summary["over_request"]) == [0, BLOCKS, 0]
+    assert info["runner"] == "ray-data"
+    # The peak is said to be Ray Data's USS, not an RSS (both engines: they agree below).
+    assert set(flagged["peak_source"]) == {"uss"} and len(flagged) == BLOCKS
+    assert_engines_agree(path)
+
+
+ENV_JOB = r"""
+import json, logging, os, sys
+import ray, ray.data
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+
+def where(batch):
+    batch["pid"] = [os.getpid()] * len(batch["id"])
+    return batch
+
+ray.init(address="local", num_cpus=2, object_store_memory=78643200,
+         include_dashboard=False, log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+session = ray._private.worker.global_worker.node.get_session_dir_path()
+counts = {}
+for level in ("", "0", "7", "1"):  # the harness changes it; the pipeline knows nothing
+    if level:
+        os.environ["TRACER_ENABLE_RAY_TRACING"] = level
+    counts[level] = len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all())
+print("RESULT " + json.dumps({"session": session, "counts": counts}))
+"""
+
+
+def test_the_environment_switches_it_on_and_off(tmp_path: Path) -> None:
+    """RAY_DATA_EXECUTION_CALLBACKS + TRACER_ENABLE_RAY_TRACING and a pipeline that knows
+    nothing of tracer: a trace in the Ray session's folder at level 1 only."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(ENV_JOB)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "TRACER_")) or k == "RAY_TMPDIR"}
+    env.update(RAY_AUTH_MODE="disabled", RAY_DATA_EXECUTION_CALLBACKS=CALLBACK)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=180, env=env, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["counts"] == {"": 4, "0": 4, "7": 4, "1": 4}
+    assert "invalid $TRACER_ENABLE_RAY_TRACING '7'" in proc.stderr
+    folder = Path(result["session"]) / "logs" / "tracer"
+    (path,) = folder.glob("ray-data.*")  # level 1 only: nothing for unset, 0, or 7
+    assert path.suffix == ".perfetto-trace" and f"written to {path}" in proc.stderr
+    _, rt = load_data_trace(path)
+    check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+
+
+def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(InvalidTracingLevelError, match="valid levels"):
+        traced_data.enable(level=7)
+    a_file = tmp_path / "a-file.txt"
+    a_file.write_bytes(b"")
+    with pytest.raises(ValueError, match="folder"):
+        traced_data.enable(path=a_file)
+    assert not traced_data.enable(level=0)
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_pipeline_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    traced_data.enable(level=1, path=blocker / "traces")
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        assert sorted(r["id"] for r in _pipeline().take_all()) == list(range(BLOCKS * 2))
+    assert "running untraced" in caplog.text
+
+
+def test_a_ray_too_old_is_named_and_runs_untraced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_compat, "ray_version", lambda: "2.49.2")
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        assert not traced_data.enable(level=1, path=tmp_path)
+    assert "Ray 2.49.2 is too old" in caplog.text and "2.50 or newer" in caplog.text
+    # Registered anyway (another context, the environment): still untraced, still right.
+    monkeypatch.setenv("RAY_DATA_EXECUTION_CALLBACKS", CALLBACK)
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "1")
+    assert ray.data.range(4, override_num_blocks=2).map_batches(where).count() == 4
+    assert not list(tmp_path.iterdir())
+
+
+def test_executions_measured_twice_are_counted_once(tmp_path: Path) -> None:
+    """Two registrations (environment and enable()) trace an execution once."""
+    os.environ["RAY_DATA_EXECUTION_CALLBACKS"] = CALLBACK
+    try:
+        traced_data.enable(level=1, path=tmp_path)
+        assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    finally:
+        del os.environ["RAY_DATA_EXECUTION_CALLBACKS"]
+    _model, rt = load_data_trace(only_trace(tmp_path))
+    check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+    waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
+    assert Counter(w.args[L.ARG_WAVE] for w in waves).most_common(1)[0][1] == 1
+
+
+def flaky(batch: dict[str, Any]) -> dict[str, Any]:
+    if 5 in list(batch["id"]):
+        raise ValueError("boom in block with id 5")
+    return batch
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error, its Ray ``cause`` and Python ``__cause__``, and theirs."""
+    out: list[BaseException] = []
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if any(e is seen for seen in out):
+            continue
+        out.append(e)
+        todo.extend(c for c in (getattr(e, "cause", None), e.__cause__)
+                    if isinstance(c, BaseException))
+    return out
+
+
+def _failure_of(pipeline: Any) -> BaseException:
+    with pytest.raises(Exception) as info:
+        pipeline.materialize()
+    return info.value
+
+
+def test_a_udf_that_raises_reaches_the_user_unchanged_and_is_in_the_trace(tmp_path: Path) -> None:
+    def pipeline() -> Any:
+        return ray.data.range(BLOCKS * 2, override_num_blocks=BLOCKS).map_batches(flaky)
+
+    untraced = _failure_of(pipeline())
+    traced_data.enable(level=1, path=tmp_path)
+    traced = _failure_of(pipeline())
+    # Ray makes a RayTaskError class per error: the same name, bases and message.
+    assert type(traced).__name__ == type(untraced).__name__
+    assert type(traced).__mro__[1:] == type(untraced).__mro__[1:]
+    assert str(traced).splitlines()[-1] == str(untraced).splitlines()[-1]
+    assert "boom in block with id 5" in str(traced)
+    chain, untraced_chain = _chain(traced), _chain(untraced)
+    assert [type(c).__name__ for c in chain] == [type(c).__name__ for c in untraced_chain]
+    assert not any(hasattr(c, "__tracer_metrics__") for c in chain)
+
+    model, rt = load_data_trace(only_trace(tmp_path))
+    (run,) = [s for s in rt.loop_slices if s.depth == 0]
+    assert "boom in block with id 5" in run.args[L.ARG_ERROR]
+    failed = [t for t in rt.task_slices if t.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
+    assert len(failed) == 1 and failed[0].args[L.ARG_ERROR_TYPE] == "ValueError"
+    assert "boom in block with id 5" in failed[0].args[L.ARG_ERROR]
+    # Its execution, measured in the worker where it raised, says so too.
+    (execution,) = [e for e in executions(model)
+                    if e.args[L.ARG_TASK_ID] == failed[0].args[L.ARG_TASK_ID]]
+    assert execution.args[L.ARG_STATUS] == L.STATUS_FAILED
+    assert execution.args[L.ARG_ERROR_TYPE] == "ValueError"
+    marks = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
+    assert [m.args[L.ARG_TASK_ID] for m in marks] == [failed[0].args[L.ARG_TASK_ID]]
+    assert_engines_agree(only_trace(tmp_path))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_data_inflate.py"
+
+
+def test_the_example_shows_inflate_far_over_its_request_at_level_2(tmp_path: Path) -> None:
+    """examples/ray_data_inflate.py at level 2: memray in every map task, the table."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TRACER_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--num-blocks", "3", "--num-rows-per-block", "5000",
+         "--tracing-level", "2", "--trace-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=180, env=env, check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    assert "peak = memray's heap peak of the task (level 2" in out, out
+    inflate = re.search(r"^\s*2\s+MapBatches\(inflate\)\s+3\s+3\s+.*\s3\s+0\s+0\s", out, re.M)
+    deflate = re.search(r"^\s*3\s+MapBatches\(deflate\)\s+3\s+3\s+.*\s0\s+0\s+0\s", out, re.M)
+    assert inflate and deflate, out
+    path = only_trace(tmp_path)
+    assert f"trace written to {path}" in out
+
+    model, rt = load_data_trace(path)
+    check_data_trace(rt, {"1: ReadRange->MapBatches(make_rows)": 3, "2: MapBatches(inflate)": 3,
+                          "3: MapBatches(deflate)": 3})
+    for e in executions(model):
+        assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_HEAP_PEAK]  # memray's, in the worker
+        assert e.args[L.ARG_USS_PEAK] > 0  # Ray Data's own figure, kept next to memray's
+        if e.name == "MapBatches(inflate)":  # x16 its input, which it requested twice of
+            assert e.args[L.ARG_HEAP_PEAK] >= 4 * e.args[L.ARG_MEMORY_REQUESTED]
+            assert e.args[L.ARG_OVER_REQUEST] is True
+    stages = {s.name: s for s in rt.stage_slices}
+    assert stages["MapBatches(inflate)"].args[L.ARG_TASKS_OVER_REQUEST] == 3
+    # Each worker that ran a task has its heap counter (memray's samples).
+    heaps = [t for t in model.tracks.values() if t.name == L.COUNTER_WORKER_HEAP]
+    assert heaps
+    assert_engines_agree(path)
+
+
+def test_tracing_off_and_on_again_measures_every_task(tmp_path: Path) -> None:
+    """disable() removes the job's metrics actor; the next enable() gets a new one, which
+    workers that knew the old one find too."""
+    for run in ("first", "second"):
+        traced_data.enable(level=1, path=tmp_path / run)
+        rows = ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()
+        assert len(rows) == 4
+        traced_data.disable()
+        _, rt = load_data_trace(only_trace(tmp_path / run))
+        check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+
+
+def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the middle of tracing (here: on the third task's end): one warning, the
+    pipeline's results whole, and the trace written so far loads."""
+    from tracer.format import read_trace
+    from tracer.integrations.ray_data.execution import ExecutionTracer
+
+    finished = ExecutionTracer._finished
+    calls = []
+
+    def broken(self: ExecutionTracer, *args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a bug in the tracer")
+        finished(self, *args)
+
+    monkeypatch.setattr(ExecutionTracer, "_finished", broken)
+    traced_data.enable(level=1, path=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        rows = _pipeline().take_all()
+    assert sorted(r["id"] for r in rows) == list(range(BLOCKS * 2))
+    assert "tracing stopped for Ray Data execution" in caplog.text
+    assert "RuntimeError: a bug in the tracer" in caplog.text
+    model = read_trace(only_trace(tmp_path))
+    # Slices open when tracing stopped show as "did not end"; nothing else is wrong.
+    assert {p.kind for p in model.problems} <= {"unterminated_slice"}, model.problems
+    ended = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
+             and s.dur is not None]
+    assert len(ended) >= 2  # what was traced before the error is there

@@ -1,0 +1,67 @@
+"""A Ray Data pipeline on a two-node cluster: executions measured on both nodes."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="Ray Data needs pip install -e '.[raydata]'")
+
+import ray
+import ray.data
+from engines_agree import assert_engines_agree
+from ray_data_checks import by_task, check_data_trace, executions, load_data_trace, only_trace
+
+import tracer.integrations.ray_data as traced_data
+from tracer.ray import layout as L
+
+BLOCKS = 6
+
+
+def slow_where(batch: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.2)  # long enough that both nodes' CPUs are busy
+    n = len(batch["id"])
+    batch["pid"] = [os.getpid()] * n
+    batch["node"] = [ray.get_runtime_context().get_node_id()] * n
+    return batch
+
+
+@pytest.fixture
+def _traced(ray_cluster: Any, tmp_path: Path) -> Iterator[Path]:
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    traced_data.enable(level=1, path=tmp_path)
+    yield tmp_path
+    traced_data.disable()
+
+
+def test_executions_on_both_nodes_where_they_ran(_traced: Path) -> None:
+    rows = (
+        ray.data.range(BLOCKS, override_num_blocks=BLOCKS)
+        .map_batches(slow_where, ray_remote_args_fn=lambda: {"scheduling_strategy": "SPREAD"})
+        .take_all()
+    )
+    ran = {r["id"]: (r["node"], r["pid"]) for r in rows}
+    assert len({node for node, _ in ran.values()}) == 2, ran
+
+    model, rt = load_data_trace(only_trace(_traced))
+    check_data_trace(rt, {"1: ReadRange": BLOCKS, "2: MapBatches(slow_where)": BLOCKS})
+    assert len(rt.nodes) == 2
+    nodes_seen = set()
+    for e in by_task(executions(model)).values():
+        if e.name != "MapBatches(slow_where)":
+            continue
+        node = rt.node_of(e)
+        worker = model.tracks[e.track_uuid].name
+        nodes_seen.add(node.name)
+        # The worker's pid and its node's id (the track names its first 8 characters).
+        assert (node.name, worker) in {
+            (n.name, f"{L.WORKER_THREAD_PREFIX} {pid}")
+            for nid, pid in ran.values() for n in rt.nodes if nid[:8] in (n.name or "")
+        }, (node.name, worker)
+    assert len(nodes_seen) == 2
+    assert_engines_agree(only_trace(_traced))

@@ -1,0 +1,309 @@
+"""Every difference between the Ray versions the Ray Data integration supports, in one place.
+
+Supported: Ray 2.50 (the floor of tracer's ``ray>=``) up to the newest
+(2.60 when this was written). CI runs the installed Ray only; the hooks
+below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
+2.60. Each difference, with what covers it (tests in
+``tests/ray/test_ray_data_compat.py`` unless said otherwise):
+
+1. **Registering a callback** (2.55): up to 2.54 the ``DataContext`` holds
+   callback *instances* in its key-value config
+   (``execution_callback.add_execution_callback``, one instance shared by
+   every execution, and pickled to every task with the context); from 2.55
+   it holds *classes* (``custom_execution_callback_classes``), instantiated
+   per execution by the planner. :func:`register_callback` /
+   :func:`unregister_callback`; the callback keeps its state per executor
+   and pickles as a fresh instance, so both work; a shared instance
+   (:func:`callbacks_shared`) sets up the operator hook even while tracing
+   is off, as it is created once (tested on 2.60's path in CI, on 2.50.0
+   and 2.54.1 by hand).
+2. **``OpRuntimeMetrics.on_task_submitted``** gained ``task_id`` (2.54;
+   before, :func:`ray_task_id_of` reads it from the operator's data task) and
+   **``on_task_finished``** gained ``task_exec_stats`` and
+   ``task_exec_driver_stats`` (2.55): the hooks take ``*args, **kwargs`` and
+   :func:`submitted_args` / :func:`finished_args` read them by name or
+   position (tested with both call shapes).
+3. **A task's USS peak** is ``BlockExecStats.max_uss_bytes`` on each output
+   block's metadata up to 2.54, ``TaskExecWorkerStats.max_uss_bytes`` from
+   2.55 (given to ``on_task_finished``; from 2.57 also on the blocks'
+   metadata): :func:`uss_of_output`, :func:`uss_of_finished` look in both.
+4. **``MapTransformer.apply_transform``** gained a stats reporter (2.57) and
+   a ``clock`` keyword (2.60): :class:`~.worker.TracedMapTransformer`
+   passes whatever it is given through.
+5. **When an operator's transformer is sent to its workers**: put in the
+   object store eagerly by ``MapOperator.start`` (2.50-2.53), lazily on
+   first use (2.54+), handed to actor-pool actors as they are created in
+   ``start``: so it is traced *before* ``start`` runs, by
+   :func:`install_start_hook` (``MapOperator.start`` wrapped once per
+   process; fused split steps stay traced through ``fuse``). Up to 2.54,
+   an execution callback named by ``RAY_DATA_EXECUTION_CALLBACKS`` is
+   created only after the first execution's operators started: task pools
+   whose transformer is not sent yet are traced then
+   (:func:`transformer_not_sent`, 2.53+); the others' tasks, for that
+   execution only, from the driver only (a warning says so;
+   :func:`~tracer.integrations.ray_data.enable` has no such gap). Tested on
+   2.54.1 in a scratch venv, by hand.
+
+Everything else used (the executor's ``_topology``, ``_resource_manager``,
+``_dataset_id``, ``_data_context``; ``op.metrics``, ``op.name``,
+``op._ray_remote_args``; ``RefBundle.metadata``/``num_rows``/
+``size_bytes``; the resource manager's ``get_global_usage``/
+``get_global_limits``) is the same in all of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("tracer")
+
+#: The oldest Ray whose Ray Data has the hooks used here.
+MIN_RAY = (2, 50)
+MIN_RAY_TEXT = "2.50"
+#: The Ray the integration was last tested with (CI runs the installed one).
+TESTED_RAY = "2.60.0"
+#: Where a DataContext (2.55+) keeps callback classes.
+_CLASSES_FIELD = "custom_execution_callback_classes"
+
+
+def ray_version() -> str:
+    import ray
+
+    return str(getattr(ray, "__version__", "0"))
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def unsupported_reason(version: str | None = None) -> str | None:
+    """Why this Ray cannot be traced (None: it can)."""
+    text = ray_version() if version is None else version
+    if parse_version(text) < MIN_RAY:
+        return (
+            f"Ray {text} is too old for tracer's Ray Data integration (it needs Ray "
+            f"{MIN_RAY_TEXT} or newer; tested with {TESTED_RAY})"
+        )
+    return None
+
+
+# ------------------------------------------------------------ registration (1)
+
+
+def callbacks_shared() -> bool:
+    """Up to 2.54: one callback instance serves every execution of a context (and one
+    named in the environment is created after the first execution's operators started)."""
+    from ray.data import DataContext
+
+    return _CLASSES_FIELD not in getattr(DataContext, "__dataclass_fields__", {})
+
+
+def register_callback(context: Any, cls: type) -> None:
+    """Add the callback (class 2.55+, instance before) to ``context`` once."""
+    classes = getattr(context, _CLASSES_FIELD, None)
+    if isinstance(classes, list):
+        if cls not in classes:
+            classes.append(cls)
+        return
+    from ray.data._internal.execution import execution_callback as ec
+
+    if not any(isinstance(cb, cls) for cb in ec.get_execution_callbacks(context)):
+        ec.add_execution_callback(cls(), context)
+
+
+def unregister_callback(context: Any, cls: type) -> None:
+    classes = getattr(context, _CLASSES_FIELD, None)
+    if isinstance(classes, list):
+        while cls in classes:
+            classes.remove(cls)
+        return
+    from ray.data._internal.execution import execution_callback as ec
+
+    for cb in [cb for cb in ec.get_execution_callbacks(context) if isinstance(cb, cls)]:
+        ec.remove_execution_callback(cb, context)
+
+
+# ------------------------------------------------------------ task hooks (2, 3)
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def submitted_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any, str | None]:
+    """``on_task_submitted``'s task index, input bundle and Ray task id (2.54+, else None)."""
+    task_id = _arg(args, kwargs, 2, "task_id")
+    text: str | None = None
+    if task_id is not None:
+        try:
+            text = None if task_id.is_nil() else task_id.hex()
+        except Exception:
+            text = None
+    return int(_arg(args, kwargs, 0, "task_index")), _arg(args, kwargs, 1, "inputs"), text
+
+
+def ray_task_id_of(op: Any, task_index: int) -> str | None:
+    """Ray's id of an operator's data task, from its streaming generator (before 2.54
+    ``on_task_submitted`` does not give it; the task is in ``op._data_tasks`` until
+    after ``on_task_finished``)."""
+    try:
+        task = (getattr(op, "_data_tasks", None) or {}).get(task_index)
+        gen: Any = getattr(task, "_streaming_gen", None)
+        task_id = getattr(gen, "_generator_ref", gen).task_id()
+        return None if task_id.is_nil() else str(task_id.hex())
+    except Exception:
+        return None
+
+
+def output_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
+    """``on_task_output_generated``'s task index and output bundle."""
+    return int(_arg(args, kwargs, 0, "task_index")), _arg(args, kwargs, 1, "output")
+
+
+def finished_args(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[int, BaseException | None, int | None]:
+    """``on_task_finished``'s task index, exception and the worker's USS peak (2.55+)."""
+    error = _arg(args, kwargs, 1, "exception")
+    stats = _arg(args, kwargs, 2, "task_exec_stats")
+    return (
+        int(_arg(args, kwargs, 0, "task_index")),
+        error if isinstance(error, BaseException) else None,
+        uss_of_finished(stats),
+    )
+
+
+def uss_of_finished(stats: Any) -> int | None:
+    value = getattr(stats, "max_uss_bytes", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def uss_of_output(bundle: Any) -> int | None:
+    """The largest USS peak on an output bundle's blocks (2.55+: task stats; before: block)."""
+    best: int | None = None
+    for meta in getattr(bundle, "metadata", None) or ():
+        for holder in (getattr(meta, "task_exec_stats", None), getattr(meta, "exec_stats", None)):
+            value = getattr(holder, "max_uss_bytes", None)
+            if isinstance(value, int) and value > 0 and (best is None or value > best):
+                best = value
+    return best
+
+
+def bundle_counts(bundle: Any) -> tuple[int, int, int]:
+    """Blocks, rows and bytes of a ``RefBundle`` (0 where Ray Data does not know)."""
+    if bundle is None:
+        return 0, 0, 0
+    try:
+        blocks = len(bundle)
+    except Exception:
+        blocks = 0
+    try:
+        rows = int(bundle.num_rows() or 0)
+    except Exception:
+        rows = 0
+    try:
+        size = int(bundle.size_bytes() or 0)
+    except Exception:
+        size = 0
+    return blocks, rows, size
+
+
+# ------------------------------------------------------------ executor and operators
+
+
+def dataset_id(executor: Any) -> str:
+    return str(getattr(executor, "_dataset_id", None) or "dataset")
+
+
+def data_context(executor: Any) -> Any:
+    return getattr(executor, "_data_context", None)
+
+
+def operators(executor: Any) -> list[Any]:
+    """The executor's physical operators, in Ray Data's order (its operator ids' index)."""
+    return list(getattr(executor, "_topology", None) or ())
+
+
+def remote_args(op: Any) -> dict[str, Any]:
+    args = getattr(op, "_ray_remote_args", None)
+    return dict(args) if isinstance(args, dict) else {}
+
+
+def op_metrics(op: Any) -> Any:
+    try:
+        return op.metrics
+    except Exception:
+        return None
+
+
+def resources(executor: Any) -> tuple[Any, Any] | None:
+    """The resource manager's (usage, limits), or None before it exists."""
+    manager = getattr(executor, "_resource_manager", None)
+    if manager is None:
+        return None
+    return manager.get_global_usage(), manager.get_global_limits()
+
+
+# ------------------------------------------------------------ the transformer (4, 5)
+
+_HOOK_LOCK = threading.Lock()
+
+
+def install_start_hook(on_start: Callable[[Any], None]) -> None:
+    """Run ``on_start(op)`` before every ``MapOperator.start`` of this process (once).
+
+    ``on_start`` must not raise (it is the caller's guard); the operator
+    starts as Ray Data would have started it either way.
+    """
+    from ray.data._internal.execution.operators.map_operator import MapOperator
+
+    with _HOOK_LOCK:
+        current = MapOperator.__dict__.get("start")
+        if getattr(current, "__tracer_hook__", False):
+            return
+        original = current
+
+        @functools.wraps(original)
+        def start(self: Any, *args: Any, **kwargs: Any) -> Any:
+            on_start(self)
+            return original(self, *args, **kwargs)
+
+        start.__tracer_hook__ = True  # type: ignore[attr-defined]
+        MapOperator.start = start
+
+
+def transformer_not_sent(op: Any) -> bool:
+    """Whether a started map operator's transformer is still to be sent to its tasks.
+
+    True for a task pool whose object-store copy is made lazily, on the first
+    task (2.53+: a property over ``__map_transformer_ref``; 2.60: a
+    ``cached_property``), and not made yet: it can still be traced after
+    ``start``. Not for actor pools (their actors got it in ``start``) nor
+    before 2.53 (``start`` puts it in the object store).
+    """
+    if type(op).__name__ == "ActorPoolMapOperator":
+        return False
+    lazy = getattr(type(op), "_map_transformer_ref", None)
+    if isinstance(lazy, functools.cached_property):
+        return "_map_transformer_ref" not in vars(op)
+    if isinstance(lazy, property):
+        return vars(op).get("_MapOperator__map_transformer_ref", 0) is None
+    return False
+
+
+def map_transformer(op: Any) -> Any:
+    return getattr(op, "_map_transformer", None)
+
+
+def is_map_operator(op: Any) -> bool:
+    from ray.data._internal.execution.operators.map_operator import MapOperator
+
+    return isinstance(op, MapOperator)
