@@ -1,0 +1,299 @@
+"""Level 2 in a Ray worker: one memray tracker per process, read task by task.
+
+Starting and stopping a ``memray.Tracker`` costs ~8 ms each in a Ray worker
+(memray patches, then restores, the relocation tables of every loaded
+library), which made level 2 cost ~20 ms per task. So in a Ray worker
+process the first level-2 task starts one tracker for the process, writing
+memray's ALL_ALLOCATIONS stream to a capture file, and every level-2 task
+after it costs two small marker allocations and reading its part of the
+stream:
+
+* at a task's start, a *marker* (a ``malloc`` of an unusual size) goes into
+  the stream; at its end, another. memray writes an allocation's record before
+  ``malloc`` returns, so once the end marker is allocated, the task's records
+  are all in the file;
+* :class:`tracer.ray._memray_reader.Reader` (C) reads the stream from where
+  it stopped to the end marker, and over the records between the two markers
+  does what memray's own reader does over a capture of its own: so a task's
+  ``heap_peak``, ``allocations`` (live at the peak), ``heap_retained``,
+  totals and 10 ms ``memory_samples`` are those a tracker started and stopped
+  with the task would give (``tests/ray/test_memory_reader.py`` checks them
+  against memray's ``FileReader``);
+* what was read is released (the file's pages are punched out), so the
+  capture holds only what the tracker wrote since the last task ended.
+
+Reading memray's stream is not part of memray's public API: the reader knows
+its format version 13 (memray 1.20) and refuses any other, and then, as
+without the C extension, level 2 runs a tracker around every task
+(:mod:`tracer.ray.memory`), exact but slow. ``TRACER_MEMRAY_PER_TASK=1``
+asks for that method everywhere (benchmarks compare the two).
+
+**Lifetime.** The capture file is unlinked as soon as it is opened: it lives
+in the open file only, so a worker killed by the OOM killer leaves nothing
+behind. The tracker stops when no level-2 task has started in the process
+for :data:`IDLE_SECONDS` (a daemon thread watches), so untraced tasks, or
+level-1 ones, that the reused worker runs next are not slowed for longer
+than that; and it stops at exit. A forked child does not inherit it (memray
+stops tracking in the child; this module forgets it there). Anything going
+wrong (no memray, a tracker that fails to start, a stream that does not read
+as expected) marks the task ``memray: "unavailable"`` with the reason, drops
+the session, and the next task starts a new one: the task itself never fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from tracer.ray import memory as _memory
+
+if TYPE_CHECKING:
+    from tracer.ray._memray_reader import Reader, Window
+
+__all__ = ["IDLE_SECONDS", "Session", "begin", "disabled_reason", "stop"]
+
+#: The tracker stops after this long without a level-2 task in the process.
+IDLE_SECONDS = 1.0
+#: Without hole punching (a file system that cannot), a capture is replaced by a
+#: new one between tasks once this much of it has been read.
+ROTATE_BYTES = 32 << 20
+#: Marker allocations are this size plus a multiple of 16 (see :meth:`Session.begin`).
+MARKER_SIZE = 12_345
+#: Forces a tracker around every task (memray's public API only), in every process.
+PER_TASK_ENV = "TRACER_MEMRAY_PER_TASK"
+
+_lock = threading.Lock()  # guards _session against the idle watcher
+_session: Session | None = None
+_disabled: str | None = None  # why this process cannot use a session (then: per task)
+_atexit_registered = False
+
+
+def disabled_reason() -> str | None:
+    """Why level 2 runs a tracker per task in this process, or None if it need not."""
+    if os.environ.get(PER_TASK_ENV, "") not in ("", "0"):
+        return f"${PER_TASK_ENV} is set"
+    if _disabled is not None:
+        return _disabled
+    try:
+        import tracer.ray._memray_reader  # noqa: F401
+    except ImportError:
+        return "tracer.ray._memray_reader (the C extension) is not built"
+    return None
+
+
+class Session:
+    """The process's tracker, its capture and the reader following it."""
+
+    __slots__ = (
+        "busy", "fd", "full", "last_used", "native_traces", "pid", "reader", "seq", "tracker",
+        "watcher",
+    )
+
+    def __init__(self, tracker: Any, fd: int, reader: Reader, native_traces: bool) -> None:
+        self.tracker = tracker
+        self.fd = fd
+        self.reader = reader
+        self.native_traces = native_traces
+        self.pid = os.getpid()
+        self.busy = False
+        self.last_used = time.monotonic()
+        self.seq = 0
+        self.full = False
+        self.watcher: threading.Thread | None = None
+
+    def begin(self) -> tuple[int, int]:
+        """Put a task's start marker in the stream; returns it (address, size)."""
+        import tracer.ray._memray_reader as _memray_reader
+
+        self.seq += 1
+        size = MARKER_SIZE + 16 * (self.seq % 61)
+        return _memray_reader.marker_alloc(size), size
+
+    def end(self, start: tuple[int, int]) -> Window:
+        """Put the end marker in the stream and read the task's part of it.
+
+        Returns the reader's window figures (see ``Reader.close_window``).
+        Raises ``LookupError`` when a marker is not in the stream (the tracker
+        stopped tracking: memray deactivates itself when it cannot write), and
+        what the reader raises on a stream it does not understand.
+        """
+        import tracer.ray._memray_reader as _memray_reader
+
+        end = _memray_reader.marker_alloc(start[1])
+        try:
+            reader = self.reader
+            if not reader.advance(*start):
+                raise LookupError("the task's start marker is not in the memray capture")
+            reader.open_window()
+            found = reader.advance(end, start[1])
+            figures = reader.close_window()
+            if not found:
+                raise LookupError("the task's end marker is not in the memray capture")
+            if reader.release() < 0 and reader.offset > ROTATE_BYTES:
+                self.full = True  # no holes here: start a new capture with the next task
+            return figures
+        finally:
+            _memray_reader.marker_free(end)
+            _memray_reader.marker_free(start[0])
+
+
+def begin(native_traces: bool) -> tuple[Session, tuple[int, int]] | str:
+    """Start measuring a task: the session (started if need be) and its start marker.
+
+    Returns a reason string when no session can measure it (the caller marks
+    the task unavailable); ``_tracker_lock`` of :mod:`tracer.ray.memory` is held.
+    """
+    global _session
+    with _lock:
+        session = _session
+        if session is not None and (
+            session.pid != os.getpid() or session.native_traces != native_traces or session.full
+        ):
+            if session.pid == os.getpid():
+                _stop_locked(session)
+            _session = session = None  # a forked child's copy is not ours to stop
+        if session is None:
+            started = _start_locked(native_traces)
+            if isinstance(started, str):
+                return started
+            session = started
+        try:
+            marker = session.begin()
+        except Exception as exc:
+            _stop_locked(session)
+            return f"{type(exc).__name__}: {exc}"
+        session.busy = True
+        return session, marker
+
+
+def end(
+    session: Session, marker: tuple[int, int], metrics: dict[str, Any], all_allocations: bool
+) -> None:
+    """Finish measuring a task begun with :func:`begin`: its figures into ``metrics``.
+
+    Raises (with the reason) when the capture could not be read; the session
+    is then dropped, and the next task starts a new one.
+    """
+    with _lock:
+        session.busy = False
+        session.last_used = time.monotonic()
+        try:
+            figures = session.end(marker)
+        except Exception as exc:
+            if _session is session:
+                _stop_locked(session)
+            raise RuntimeError(f"memray capture not read: {type(exc).__name__}: {exc}") from exc
+    peak, at_peak, retained, total, count, samples = figures
+    totals = (total, count) if all_allocations else None
+    _memory.put_figures(metrics, peak, at_peak, retained, samples, totals)
+
+
+def stop() -> None:
+    """Stop this process's tracker, if it has one (tracing is over)."""
+    with _lock:
+        if _session is not None and _session.pid == os.getpid():
+            _stop_locked(_session)
+
+
+def _start_locked(native_traces: bool) -> Session | str:
+    global _session, _disabled, _atexit_registered
+    try:
+        import memray
+
+        import tracer.ray._memray_reader as _memray_reader
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    directory = _memory._capture_dir()
+    if not _memory._swept:
+        _memory._sweep(directory)
+    path = os.path.join(
+        directory, f"{_memory._CAPTURE_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.bin"
+    )
+    fd = -1
+    tracker = None
+    try:
+        tracker = memray.Tracker(
+            destination=memray.FileDestination(path, overwrite=True, compress_on_exit=False),
+            native_traces=native_traces,
+            memory_interval_ms=_memory.SNAPSHOT_INTERVAL_MS,
+            file_format=memray.FileFormat.ALL_ALLOCATIONS,
+        )
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except Exception as exc:  # a tracker of someone else's, a full disk
+        _close_fd(fd)
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        _memory._remove(path)  # the capture lives on in the open file only
+    try:
+        tracker.__enter__()
+    except Exception as exc:
+        _close_fd(fd)
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        reader = _memray_reader.Reader(fd)
+    except ValueError as exc:  # a memray whose stream this reader does not know
+        _disabled = f"memray's capture is not readable live here ({exc})"
+        _exit_tracker(tracker)
+        _close_fd(fd)
+        return _disabled
+    except Exception as exc:
+        _exit_tracker(tracker)
+        _close_fd(fd)
+        return f"{type(exc).__name__}: {exc}"
+    session = _session = Session(tracker, fd, reader, native_traces)
+    if not _atexit_registered:
+        atexit.register(stop)
+        _atexit_registered = True
+    session.watcher = threading.Thread(
+        target=_watch, args=(session,), name="tracer-memray-idle", daemon=True
+    )
+    session.watcher.start()
+    return session
+
+
+def _stop_locked(session: Session) -> None:
+    global _session
+    if _session is session:
+        _session = None
+    _exit_tracker(session.tracker)
+    _close_fd(session.fd)
+    session.fd = -1
+
+
+def _exit_tracker(tracker: Any) -> None:
+    with contextlib.suppress(Exception):
+        tracker.__exit__(None, None, None)
+
+
+def _close_fd(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _forget_in_child() -> None:
+    """After fork: the parent's tracker does not track the child (memray), and a
+    lock held by one of the parent's threads would never be released here."""
+    global _lock, _session
+    _lock = threading.Lock()
+    _session = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _watch(session: Session) -> None:
+    """Stop the session once no level-2 task has started for IDLE_SECONDS."""
+    while True:
+        time.sleep(IDLE_SECONDS / 2)
+        with _lock:
+            if _session is not session:
+                return
+            if not session.busy and time.monotonic() - session.last_used >= IDLE_SECONDS:
+                _stop_locked(session)
+                return
