@@ -303,13 +303,15 @@ def _begin(
     On success ``_tracker_lock`` stays held until :func:`_finish` runs.
     """
     if not _tracker_lock.acquire(blocking=False):
-        _unavailable(metrics, "another task of this worker process holds the memray tracker")
+        _unavailable(metrics, "another task of this worker process is being measured by memray")
         return None
     try:
         if _in_ray_worker():
             from tracer.ray import memory_session
 
-            if memory_session.disabled_reason() is None:
+            if memory_session.disabled_reason() is not None:
+                memory_session.stop()  # one started before must not keep memray's one tracker
+            else:
                 began = memory_session.begin(native_traces)
                 if not isinstance(began, str):
                     session, marker = began
