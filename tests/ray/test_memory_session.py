@@ -271,3 +271,34 @@ def test_the_per_task_switch_stops_the_session(worker: Any) -> None:
     m = _in(worker, _task_with_method, True)
     assert "memray" not in m and m["_session"] is None
     assert m["heap_peak"] >= 24 * MIB
+
+
+def test_a_long_task_is_read_while_it_runs(worker: Any) -> None:
+    m, offsets = _in(worker, _long_task)
+    assert "memray" not in m, m
+    # The watcher read the capture (and released it) while the task ran...
+    assert offsets[-1] > offsets[0], offsets
+    # ... and added nothing to the task's figures: 20k blocks of 600 bytes kept.
+    kept = 20_000 * 600
+    assert kept <= m["heap_retained"] <= kept + MIB
+    assert kept <= m["heap_peak"] <= kept + MIB
+    assert m["allocation_count"] >= 60_000
+
+
+def _long_task() -> tuple[dict[str, Any], list[int]]:
+    _task()  # the session is up
+    session = memory_session._session
+    assert session is not None
+    offsets = []
+    ctx = TaskContext("exec", "t", 0, 2, memray_all_allocations=True)
+    with measure_task(ctx) as metrics:
+        kept = []
+        deadline = time.monotonic() + memory_session.WATCH_SECONDS * 3
+        while time.monotonic() < deadline or len(kept) < 20_000:
+            for _ in range(1000):
+                bytearray(600)  # allocated and freed
+            if len(kept) < 20_000:
+                kept += [bytes(600 - 33) for _ in range(1000)]  # one 600-byte malloc each
+            offsets.append(session.reader.offset)
+            time.sleep(0.01)
+    return metrics, offsets

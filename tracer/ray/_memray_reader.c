@@ -25,9 +25,9 @@
  * through a shared mapping; pread sees it). A marker is a malloc of an unusual
  * size at a live (hence unique) address; the reader stops right after it.
  *
- * Memory: the reader allocates (its buffer, its tables) only while it parses,
- * which happens after the end marker: those records belong to the time
- * between tasks, never to a task.
+ * Memory: the reader's own (its buffer, its tables) comes from the mmap system
+ * call, which memray does not see, so reading a task's records while the task
+ * runs adds nothing to them.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MEMRAY_MAGIC "memray"          /* 7 bytes with its NUL */
@@ -91,6 +93,55 @@ allocator_kind(unsigned a)
     }
 }
 
+/* ------------------------------------------------------------ own memory */
+
+/* The reader's own memory comes straight from the kernel (the mmap system call, not
+ * through the libc functions memray patches), so that it never shows in the capture:
+ * a task's figures are read while the task runs too (memory_session's drain), and must
+ * not include the reader's tables. Each block starts with its mapped length. */
+#define RAW_HEADER 16
+
+static void *
+raw_alloc(size_t size)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    size_t total = (size + RAW_HEADER + (size_t)page - 1) / (size_t)page * (size_t)page;
+    void *p = (void *)syscall(SYS_mmap, NULL, total, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        return NULL;
+    }
+    *(size_t *)p = total;
+    return (char *)p + RAW_HEADER; /* zero-filled */
+}
+
+static void
+raw_free(void *block)
+{
+    if (block != NULL) {
+        char *p = (char *)block - RAW_HEADER;
+        syscall(SYS_munmap, p, *(size_t *)p);
+    }
+}
+
+static void *
+raw_realloc(void *block, size_t size)
+{
+    if (block == NULL) {
+        return raw_alloc(size);
+    }
+    size_t usable = *(size_t *)((char *)block - RAW_HEADER) - RAW_HEADER;
+    if (size <= usable) {
+        return block;
+    }
+    void *bigger = raw_alloc(size);
+    if (bigger != NULL) {
+        memcpy(bigger, block, usable);
+        raw_free(block);
+    }
+    return bigger;
+}
+
 /* ------------------------------------------------------------------ tables */
 
 typedef struct {
@@ -113,7 +164,7 @@ addr_hash(uint64_t addr, size_t mask)
 static int
 map_init(AddrMap *m, size_t cap)
 {
-    m->slots = calloc(cap, sizeof(Slot));
+    m->slots = raw_alloc(cap * sizeof(Slot));
     if (m->slots == NULL) {
         return -1;
     }
@@ -156,7 +207,7 @@ map_grow(AddrMap *m)
         bigger.slots[i] = m->slots[j];
     }
     bigger.count = m->count;
-    free(m->slots);
+    raw_free(m->slots);
     *m = bigger;
     return 0;
 }
@@ -272,7 +323,7 @@ fill(Reader *r, size_t need)
         while (cap < need) {
             cap *= 2;
         }
-        unsigned char *bigger = realloc(r->buf, cap);
+        unsigned char *bigger = raw_realloc(r->buf, cap);
         if (bigger == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -528,7 +579,7 @@ add_sample(Reader *r, uint64_t ms, uint64_t rss)
 {
     if (r->n_samples == r->cap_samples) {
         size_t cap = r->cap_samples ? r->cap_samples * 2 : 64;
-        Sample *bigger = realloc(r->samples, cap * sizeof(Sample));
+        Sample *bigger = raw_realloc(r->samples, cap * sizeof(Sample));
         if (bigger == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -580,7 +631,7 @@ remove_range(Reader *r, uint64_t begin, uint64_t size)
         else { /* split in two */
             if (r->n_ranges == r->cap_ranges) {
                 size_t cap = r->cap_ranges ? r->cap_ranges * 2 : 16;
-                Interval *bigger = realloc(r->ranges, cap * sizeof(Interval));
+                Interval *bigger = raw_realloc(r->ranges, cap * sizeof(Interval));
                 if (bigger == NULL) {
                     PyErr_NoMemory();
                     return -1;
@@ -640,7 +691,7 @@ account(Reader *r, const Rec *rec)
             if (rec->size > 0) {
                 if (r->n_ranges == r->cap_ranges) {
                     size_t cap = r->cap_ranges ? r->cap_ranges * 2 : 16;
-                    Interval *bigger = realloc(r->ranges, cap * sizeof(Interval));
+                    Interval *bigger = raw_realloc(r->ranges, cap * sizeof(Interval));
                     if (bigger == NULL) {
                         PyErr_NoMemory();
                         return -1;
@@ -671,7 +722,7 @@ static void
 reset_window(Reader *r)
 {
     if (r->live.cap > 4096) {
-        free(r->live.slots);
+        raw_free(r->live.slots);
         r->live.slots = NULL;
         map_init(&r->live, 1024);
     }
@@ -839,7 +890,7 @@ Reader_init(Reader *r, PyObject *args, PyObject *kwds)
     }
     r->fd = fd;
     r->cap = 1 << 16;
-    r->buf = malloc(r->cap);
+    r->buf = raw_alloc(r->cap);
     if (r->buf == NULL || map_init(&r->live, 1024) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -850,10 +901,10 @@ Reader_init(Reader *r, PyObject *args, PyObject *kwds)
 static void
 Reader_dealloc(Reader *r)
 {
-    free(r->buf);
-    free(r->live.slots);
-    free(r->ranges);
-    free(r->samples);
+    raw_free(r->buf);
+    raw_free(r->live.slots);
+    raw_free(r->ranges);
+    raw_free(r->samples);
     Py_XDECREF(r->collect);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }

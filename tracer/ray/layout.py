@@ -30,7 +30,7 @@ COUNTER_AVAILABLE_MEMORY = "available memory"
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.memory_trace).
 #: Under a worker's thread: heap of the task running there (level 2, memray's
-#: 10 ms snapshots; 0 between tasks, as nothing is tracked then).
+#: 10 ms snapshots; each task's heap counts from its start, so it is 0 between tasks).
 COUNTER_WORKER_HEAP = "heap"
 #: Under a worker's thread: the worker process's RSS (level 1: at each task's
 #: start and end; level 2: also memray's 10 ms snapshots).

@@ -314,10 +314,7 @@ def _begin(
             else:
                 began = memory_session.begin(native_traces)
                 if not isinstance(began, str):
-                    session, marker = began
-                    return lambda: memory_session.end(
-                        session, marker, metrics, all_allocations
-                    )
+                    return lambda: memory_session.end(began, metrics, all_allocations)
                 if memory_session.disabled_reason() is None:  # this task's failure
                     _unavailable(metrics, began)
                     _tracker_lock.release()

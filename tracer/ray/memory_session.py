@@ -59,11 +59,15 @@ __all__ = ["IDLE_SECONDS", "Session", "begin", "disabled_reason", "stop"]
 
 #: The tracker stops after this long without a level-2 task in the process.
 IDLE_SECONDS = 1.0
+#: How often the watcher thread looks: reads a running task's records, or stops the tracker.
+WATCH_SECONDS = 0.5
 #: Without hole punching (a file system that cannot), a capture is replaced by a
 #: new one between tasks once this much of it has been read.
 ROTATE_BYTES = 32 << 20
 #: Marker allocations are this size plus a multiple of 16 (see :meth:`Session.begin`).
 MARKER_SIZE = 12_345
+#: The watcher's markers (a size no task marker has).
+DRAIN_MARKER_SIZE = MARKER_SIZE - 16
 #: Forces a tracker around every task (memray's public API only), in every process.
 PER_TASK_ENV = "TRACER_MEMRAY_PER_TASK"
 
@@ -87,11 +91,15 @@ def disabled_reason() -> str | None:
 
 
 class Session:
-    """The process's tracker, its capture and the reader following it."""
+    """The process's tracker, its capture and the reader following it.
+
+    Methods are called under ``_lock``: by the measured task (``begin``,
+    ``end``) and by the watcher thread (``drain``, while the task runs).
+    """
 
     __slots__ = (
-        "busy", "fd", "full", "last_used", "native_traces", "pid", "reader", "seq", "tracker",
-        "watcher",
+        "busy", "failed", "fd", "full", "last_used", "native_traces", "pid", "reader", "seq",
+        "start", "tracker", "watcher", "window",
     )
 
     def __init__(self, tracker: Any, fd: int, reader: Reader, native_traces: bool) -> None:
@@ -100,22 +108,47 @@ class Session:
         self.reader = reader
         self.native_traces = native_traces
         self.pid = os.getpid()
-        self.busy = False
+        self.busy = False  # a task is being measured
+        self.start: tuple[int, int] | None = None  # its start marker (address, size)
+        self.window = False  # the reader has passed it: the task's records are being read
+        self.failed: str | None = None  # why the task's records could not be read
         self.last_used = time.monotonic()
         self.seq = 0
         self.full = False
         self.watcher: threading.Thread | None = None
 
-    def begin(self) -> tuple[int, int]:
-        """Put a task's start marker in the stream; returns it (address, size)."""
+    def begin(self) -> None:
+        """Put a task's start marker in the stream."""
         import tracer.ray._memray_reader as _memray_reader
 
         self.seq += 1
         size = MARKER_SIZE + 16 * (self.seq % 61)
-        return _memray_reader.marker_alloc(size), size
+        self.start = (_memray_reader.marker_alloc(size), size)
+        self.window = False
+        self.failed = None
+        self.busy = True
 
-    def end(self, start: tuple[int, int]) -> Window:
-        """Put the end marker in the stream and read the task's part of it.
+    def drain(self) -> None:
+        """Read what the running task's allocations wrote so far, and release it.
+
+        A task that allocates a lot for long would otherwise grow the capture
+        (~4 bytes an allocation) until it ends. A marker of the watcher's own
+        tells where the written records end; the reader's memory is invisible
+        to memray, so nothing of this is added to the task's figures.
+        """
+        import tracer.ray._memray_reader as _memray_reader
+
+        marker = _memray_reader.marker_alloc(DRAIN_MARKER_SIZE)
+        try:
+            self._to_start()
+            if not self.reader.advance(marker, DRAIN_MARKER_SIZE):
+                raise LookupError("a marker is not in the memray capture")
+            self._release()
+        finally:
+            _memray_reader.marker_free(marker)
+
+    def end(self) -> Window:
+        """Put the end marker in the stream and read the rest of the task's records.
 
         Returns the reader's window figures (see ``Reader.close_window``).
         Raises ``LookupError`` when a marker is not in the stream (the tracker
@@ -124,26 +157,41 @@ class Session:
         """
         import tracer.ray._memray_reader as _memray_reader
 
+        start = self.start
+        assert start is not None
+        self.busy = False
+        self.start = None
         end = _memray_reader.marker_alloc(start[1])
         try:
-            reader = self.reader
-            if not reader.advance(*start):
-                raise LookupError("the task's start marker is not in the memray capture")
-            reader.open_window()
-            found = reader.advance(end, start[1])
-            figures = reader.close_window()
+            if self.fd < 0:  # stopped meanwhile (the fd may be another file's by now)
+                raise LookupError(self.failed or "the memray session was stopped")
+            self._to_start(start)
+            found = self.reader.advance(end, start[1])
+            figures = self.reader.close_window()
+            self.window = False
             if not found:
                 raise LookupError("the task's end marker is not in the memray capture")
-            if reader.release() < 0 and reader.offset > ROTATE_BYTES:
-                self.full = True  # no holes here: start a new capture with the next task
+            self._release()
             return figures
         finally:
             _memray_reader.marker_free(end)
             _memray_reader.marker_free(start[0])
 
+    def _to_start(self, start: tuple[int, int] | None = None) -> None:
+        start = start or self.start
+        if not self.window and start is not None:
+            if not self.reader.advance(*start):
+                raise LookupError("the task's start marker is not in the memray capture")
+            self.reader.open_window()
+            self.window = True
 
-def begin(native_traces: bool) -> tuple[Session, tuple[int, int]] | str:
-    """Start measuring a task: the session (started if need be) and its start marker.
+    def _release(self) -> None:
+        if self.reader.release() < 0 and self.reader.offset > ROTATE_BYTES:
+            self.full = True  # no holes here: start a new capture with the next task
+
+
+def begin(native_traces: bool) -> Session | str:
+    """Start measuring a task: the session (started if need be), its start marker put.
 
     Returns a reason string when no session can measure it (the caller marks
     the task unavailable); ``_tracker_lock`` of :mod:`tracer.ray.memory` is held.
@@ -163,27 +211,23 @@ def begin(native_traces: bool) -> tuple[Session, tuple[int, int]] | str:
                 return started
             session = started
         try:
-            marker = session.begin()
+            session.begin()
         except Exception as exc:
             _stop_locked(session)
             return f"{type(exc).__name__}: {exc}"
-        session.busy = True
-        return session, marker
+        return session
 
 
-def end(
-    session: Session, marker: tuple[int, int], metrics: dict[str, Any], all_allocations: bool
-) -> None:
+def end(session: Session, metrics: dict[str, Any], all_allocations: bool) -> None:
     """Finish measuring a task begun with :func:`begin`: its figures into ``metrics``.
 
     Raises (with the reason) when the capture could not be read; the session
     is then dropped, and the next task starts a new one.
     """
     with _lock:
-        session.busy = False
         session.last_used = time.monotonic()
         try:
-            figures = session.end(marker)
+            figures = session.end()
         except Exception as exc:
             if _session is session:
                 _stop_locked(session)
@@ -288,12 +332,22 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _watch(session: Session) -> None:
-    """Stop the session once no level-2 task has started for IDLE_SECONDS."""
+    """While the session lives: read a long task's records as they come (see
+    :meth:`Session.drain`), and stop the session once no level-2 task has run
+    for IDLE_SECONDS."""
     while True:
-        time.sleep(IDLE_SECONDS / 2)
+        time.sleep(WATCH_SECONDS)
         with _lock:
             if _session is not session:
                 return
-            if not session.busy and time.monotonic() - session.last_used >= IDLE_SECONDS:
+            if session.busy:
+                if session.failed is None:
+                    try:
+                        session.drain()
+                    except Exception as exc:
+                        session.failed = f"{type(exc).__name__}: {exc}"
+                        _stop_locked(session)
+                        return
+            elif time.monotonic() - session.last_used >= IDLE_SECONDS:
                 _stop_locked(session)
                 return
