@@ -318,12 +318,12 @@ def run_once(make: Callable[[bool], Pipeline], run: str, path: Path, pause: floa
 
 def bench(
     name: str, make: Callable[[bool], Pipeline], repeats: dict[str, int], folder: Path,
-    pause: float,
+    pause: float, warm_up: Callable[[bool], Pipeline] | None = None,
 ) -> dict[str, list[float]]:
     runs = [run for run in RUNS if repeats.get(run, 0) > 0]
     times: dict[str, list[float]] = {run: [] for run in runs}
     for run in runs:  # warm-up: workers started, functions exported
-        run_once(make, run, folder / f"{name}-warmup.perfetto-trace", pause)
+        run_once(warm_up or make, run, folder / f"{name}-warmup.perfetto-trace", pause)
     for i in range(max(repeats.values())):
         order = runs[i % len(runs):] + runs[: i % len(runs)]
         for run in order:
@@ -434,7 +434,7 @@ def main() -> int:
             repeats = {"level 1": args.trivial_repeats, "level 2": args.trivial_repeats,
                        "level 2 before": args.before_trivial_repeats}
             trivial = bench("trivial", trivial_workload(args.trivial_tasks), repeats, folder,
-                            args.pause)
+                            args.pause, trivial_workload(min(args.trivial_tasks, 200)))
             results.append(("trivial", args.trivial_tasks, trivial))
     ray.shutdown()
 

@@ -303,7 +303,52 @@ typedef struct {
     size_t n_samples, cap_samples;
     /* Debug: when set, every decoded allocation is appended as (tid, address, size, allocator). */
     PyObject *collect;
+    /* The error of a failed call, recorded without the GIL and raised with it (raise_error). */
+    int in_use; /* advance() runs without the GIL: no other call may touch the reader */
+    int err;
+    int err_errno;
+    uint64_t err_offset;
+    unsigned err_token;
 } Reader;
+
+#define ERR_NOMEM 1
+#define ERR_OS 2
+#define ERR_BAD 3
+#define ERR_PYTHON 4 /* a Python exception is already set (only with the GIL) */
+
+static int
+check_free(Reader *r)
+{
+    if (r->in_use) {
+        PyErr_SetString(PyExc_RuntimeError, "the Reader is in use by another thread");
+        return -1;
+    }
+    return 0;
+}
+
+static void
+raise_error(Reader *r)
+{
+    switch (r->err) {
+        case ERR_NOMEM:
+            PyErr_NoMemory();
+            break;
+        case ERR_OS:
+            errno = r->err_errno;
+            PyErr_SetFromErrno(PyExc_OSError);
+            break;
+        case ERR_BAD:
+            PyErr_Format(PyExc_ValueError,
+                         "not a memray 1.20 record at offset %llu (token 0x%02x)",
+                         (unsigned long long)r->err_offset, r->err_token);
+            break;
+        default:
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "the memray capture reader failed");
+            }
+    }
+    r->err = 0;
+}
 
 static int
 fill(Reader *r, size_t need)
@@ -325,7 +370,7 @@ fill(Reader *r, size_t need)
         }
         unsigned char *bigger = raw_realloc(r->buf, cap);
         if (bigger == NULL) {
-            PyErr_NoMemory();
+            r->err = ERR_NOMEM;
             return -1;
         }
         r->buf = bigger;
@@ -337,7 +382,8 @@ fill(Reader *r, size_t need)
             if (errno == EINTR) {
                 continue;
             }
-            PyErr_SetFromErrno(PyExc_OSError);
+            r->err = ERR_OS;
+            r->err_errno = errno;
             return -1;
         }
         if (n == 0) {
@@ -581,7 +627,7 @@ add_sample(Reader *r, uint64_t ms, uint64_t rss)
         size_t cap = r->cap_samples ? r->cap_samples * 2 : 64;
         Sample *bigger = raw_realloc(r->samples, cap * sizeof(Sample));
         if (bigger == NULL) {
-            PyErr_NoMemory();
+            r->err = ERR_NOMEM;
             return -1;
         }
         r->samples = bigger;
@@ -633,7 +679,7 @@ remove_range(Reader *r, uint64_t begin, uint64_t size)
                 size_t cap = r->cap_ranges ? r->cap_ranges * 2 : 16;
                 Interval *bigger = raw_realloc(r->ranges, cap * sizeof(Interval));
                 if (bigger == NULL) {
-                    PyErr_NoMemory();
+                    r->err = ERR_NOMEM;
                     return -1;
                 }
                 r->ranges = bigger;
@@ -666,7 +712,7 @@ account(Reader *r, const Rec *rec)
         case KIND_ALLOC: {
             int fresh = map_put(&r->live, rec->address, rec->size);
             if (fresh < 0) {
-                PyErr_NoMemory();
+                r->err = ERR_NOMEM;
                 return -1;
             }
             /* Like memray: an address seen again without a free adds its new size. */
@@ -693,7 +739,7 @@ account(Reader *r, const Rec *rec)
                     size_t cap = r->cap_ranges ? r->cap_ranges * 2 : 16;
                     Interval *bigger = raw_realloc(r->ranges, cap * sizeof(Interval));
                     if (bigger == NULL) {
-                        PyErr_NoMemory();
+                        r->err = ERR_NOMEM;
                         return -1;
                     }
                     r->ranges = bigger;
@@ -759,9 +805,9 @@ advance(Reader *r, uint64_t address, uint64_t size, int to_marker)
             rc = parse_record(r, r->buf + r->pos, r->buf + r->len, &rec, &used);
         }
         if (rc == P_BAD) {
-            PyErr_Format(PyExc_ValueError,
-                         "not a memray 1.20 record at offset %llu (token 0x%02x)",
-                         (unsigned long long)(r->base + r->pos), r->buf[r->pos]);
+            r->err = ERR_BAD;
+            r->err_offset = r->base + r->pos;
+            r->err_token = r->buf[r->pos];
             return -1;
         }
         if (rec.type == T_FILLER || rec.type == T_TRAILER) {
@@ -793,6 +839,7 @@ advance(Reader *r, uint64_t address, uint64_t size, int to_marker)
                                             (unsigned long long)rec.size, rec.allocator);
                 if (t == NULL || PyList_Append(r->collect, t) < 0) {
                     Py_XDECREF(t);
+                    r->err = ERR_PYTHON;
                     return -1;
                 }
                 Py_DECREF(t);
@@ -821,6 +868,7 @@ parse_header(Reader *r)
     for (;;) {
         int got = fill(r, need);
         if (got < 0) {
+            raise_error(r);
             return -1;
         }
         if (got > 0) {
@@ -922,10 +970,25 @@ Reader_advance(Reader *r, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "collect must be a list or None");
         return NULL;
     }
-    Py_XSETREF(r->collect, collect == Py_None ? NULL : Py_NewRef(collect));
-    int found = advance(r, address, size, address != 0);
-    Py_CLEAR(r->collect);
+    if (check_free(r) < 0) {
+        return NULL;
+    }
+    int found;
+    r->in_use = 1;
+    if (collect == Py_None) {
+        /* Parsing needs no Python: the task (or the watcher's) goes on meanwhile. */
+        Py_BEGIN_ALLOW_THREADS
+        found = advance(r, address, size, address != 0);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        Py_XSETREF(r->collect, Py_NewRef(collect));
+        found = advance(r, address, size, address != 0);
+        Py_CLEAR(r->collect);
+    }
+    r->in_use = 0;
     if (found < 0) {
+        raise_error(r);
         return NULL;
     }
     return PyBool_FromLong(found);
@@ -934,6 +997,9 @@ Reader_advance(Reader *r, PyObject *args, PyObject *kwds)
 static PyObject *
 Reader_open_window(Reader *r, PyObject *Py_UNUSED(ignored))
 {
+    if (check_free(r) < 0) {
+        return NULL;
+    }
     reset_window(r);
     if (r->live.slots == NULL) {
         return PyErr_NoMemory();
@@ -947,6 +1013,9 @@ Reader_close_window(Reader *r, PyObject *Py_UNUSED(ignored))
 {
     /* (peak, allocations at the peak, bytes live now, total allocated, allocations,
      *  [(ms, heap, rss), ...]) over the window, then the window is closed. */
+    if (check_free(r) < 0) {
+        return NULL;
+    }
     PyObject *samples = PyList_New((Py_ssize_t)r->n_samples);
     if (samples == NULL) {
         return NULL;
@@ -976,6 +1045,9 @@ Reader_release(Reader *r, PyObject *Py_UNUSED(ignored))
      * then holds only what was not read yet. The writer never writes there again (it
      * appends; at its end it rewrites the header only). Returns the bytes released, or
      * -1 when the file system cannot (then the caller keeps the capture small otherwise). */
+    if (check_free(r) < 0) {
+        return NULL;
+    }
     if (r->release_failed) {
         return PyLong_FromLong(-1);
     }
@@ -1051,7 +1123,9 @@ static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tracer.ray._memray_reader.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Reader(fd): follows the live memray capture (ALL_ALLOCATIONS) open as fd.",
+    .tp_doc = "Reader(fd): follows the live memray capture (ALL_ALLOCATIONS) open as fd.\n\n"
+              "One thread at a time: advance() parses without the GIL, and a call from\n"
+              "another thread meanwhile raises RuntimeError.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
