@@ -71,7 +71,7 @@ def _workload(keep: list[Any]) -> None:
             keep.append(block)
         grown += b"x" * 600  # realloc
     keep.append(grown)
-    big = bytearray(20 * MIB)  # calloc
+    big = bytes(20 * MIB)  # calloc
     mapped = mmap.mmap(-1, 8 * MIB)
     mapped[:: mmap.PAGESIZE] = b"x" * (8 * MIB // mmap.PAGESIZE)
     small = [object() for _ in range(200_000)]  # pymalloc arenas: mmap, then munmap
