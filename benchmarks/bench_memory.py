@@ -393,8 +393,8 @@ def main() -> int:
     parser.add_argument("--trivial-repeats", type=int, default=5)
     parser.add_argument("--before-trivial-repeats", type=int, default=1,
                         help="no-op runs with a tracker per task (~45 s each)")
-    parser.add_argument("--pause", type=float, default=1.6,
-                        help="seconds between runs (the session stops after 1 s idle)")
+    parser.add_argument("--pause", type=float, default=2.0,
+                        help="seconds between runs (the session stops 1-1.5 s after its last task)")
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -30,10 +30,12 @@ asks for that method everywhere (benchmarks compare the two).
 
 **Lifetime.** The capture file is unlinked as soon as it is opened: it lives
 in the open file only, so a worker killed by the OOM killer leaves nothing
-behind. The tracker stops when no level-2 task has started in the process
-for :data:`IDLE_SECONDS` (a daemon thread watches), so untraced tasks, or
-level-1 ones, that the reused worker runs next are not slowed for longer
-than that; and it stops at exit. A forked child does not inherit it (memray
+behind. The tracker stops once no level-2 task has run in the process for
+:data:`IDLE_SECONDS` (a daemon thread looks every :data:`WATCH_SECONDS`), so
+untraced tasks, or level-1 ones, that the reused worker runs next are not
+slowed for longer than that; and it stops at exit. The same thread reads a
+long task's records while it runs (:meth:`Session.drain`), so the capture
+holds at most ~0.5 s of them. A forked child does not inherit it (memray
 stops tracking in the child; this module forgets it there). Anything going
 wrong (no memray, a tracker that fails to start, a stream that does not read
 as expected) marks the task ``memray: "unavailable"`` with the reason, drops
