@@ -24,7 +24,8 @@ It starts one local Ray (``--num-cpus``, default 2) and measures, in one run:
    inflate x16 then deflate /8, ``--repeats`` times) and ``--trivial-tasks``
    (2000) no-op tasks (``--trivial-repeats`` times), at level 1, level 2, and
    level 2 *before* (``TRACER_MEMRAY_PER_TASK=1`` in the tasks' runtime env;
-   for the no-op tasks ``--before-trivial-repeats`` times, ~45 s each).
+   for the no-op tasks ``--before-trivial-repeats`` times, ~45 s each); with
+   ``--big-repeats``, the mock workload again with ``--big-rows`` (400,000) rows.
 
 Targets (PASS/FAIL; exit status 1 on a FAIL): no-op tasks, level 2 <= 2x
 level 1; mock workload, level 2 <= 1.15x level 1. It also prints the
@@ -389,6 +390,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="mock workload runs per level")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--big-rows", type=int, default=400_000)
+    parser.add_argument("--big-repeats", type=int, default=0,
+                        help="runs per level of the mock workload with --big-rows rows")
     parser.add_argument("--trivial-tasks", type=int, default=2000)
     parser.add_argument("--trivial-repeats", type=int, default=5)
     parser.add_argument("--before-trivial-repeats", type=int, default=1,
@@ -399,7 +403,8 @@ def main() -> int:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     example = load_example()
-    store = example.object_store_bytes(args.partitions, args.rows, 16, 8)
+    rows = max(args.rows, args.big_rows if args.big_repeats else 0)
+    store = example.object_store_bytes(args.partitions, rows, 16, 8)
     ray.init(
         address="local", num_cpus=args.num_cpus, object_store_memory=store,
         include_dashboard=False, log_to_driver=False,
@@ -429,6 +434,11 @@ def main() -> int:
             for s in executions
         ]
         size = level2_trace.stat().st_size
+        if args.big_repeats:
+            print(f"mock-big: {args.partitions} partitions x {args.big_rows} rows, 2 stages")
+            big = bench("mock-big", mock_workload(example, args.partitions, args.big_rows),
+                        dict.fromkeys(RUNS, args.big_repeats), folder, args.pause)
+            results.append(("mock-big", mock_tasks, big))
         if args.trivial_tasks and args.trivial_repeats:
             print(f"trivial: {args.trivial_tasks} no-op tasks")
             repeats = {"level 1": args.trivial_repeats, "level 2": args.trivial_repeats,
