@@ -17,9 +17,10 @@ It starts one local Ray (``--num-cpus``, default 2) and measures, in one run:
    marker, end marker, reading the task's records, releasing the pages read,
    the figures). Medians with p10-p90, the ratio before / after, and the whole
    of ``measure_task`` with an empty body, level 2 minus level 1, for each.
-2. **End to end**, the levels interleaved (rotated in every repetition) after
-   a warm-up, with ``--pause`` seconds between runs (more than the session's
-   idle stop, so no run starts with the previous run's tracker): the mock
+2. **End to end**, the levels interleaved (every order of them in turn, so each
+   follows each other equally often) after a warm-up, with ``--pause`` seconds
+   between runs (more than the session's idle stop, so no run starts with the
+   previous run's tracker): the mock
    workload of ``examples/big_task_heap_usage.py`` (8 partitions of 200,000 rows,
    inflate x16 then deflate /8, ``--repeats`` times) and ``--trivial-tasks``
    (2000) no-op tasks (``--trivial-repeats`` times), at level 1, level 2, and
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import itertools
 import os
 import statistics
 import sys
@@ -325,9 +327,11 @@ def bench(
     times: dict[str, list[float]] = {run: [] for run in runs}
     for run in runs:  # warm-up: workers started, functions exported
         run_once(warm_up or make, run, folder / f"{name}-warmup.perfetto-trace", pause)
+    # Every order of the runs in turn: each run follows each other one equally often
+    # (what ran just before, e.g. the other worker pool's run, leaves costs behind).
+    orders = list(itertools.permutations(runs))
     for i in range(max(repeats.values())):
-        order = runs[i % len(runs):] + runs[: i % len(runs)]
-        for run in order:
+        for run in orders[i % len(orders)]:
             if len(times[run]) >= repeats[run]:
                 continue
             path = folder / f"{name}-{run.replace(' ', '-')}.perfetto-trace"
