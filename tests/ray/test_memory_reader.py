@@ -158,7 +158,7 @@ def test_a_window_between_markers_is_the_task_alone(capture: dict[str, Any]) -> 
     start = R.marker_alloc(12_345)
     kept = bytearray(8 * MIB)
     transient = bytearray(20 * MIB)
-    time.sleep(0.03)
+    time.sleep(0.1)  # memray snapshots every 10 ms (on a loaded machine, later)
     del transient
     del before
     end = R.marker_alloc(12_345)
@@ -174,7 +174,7 @@ def test_a_window_between_markers_is_the_task_alone(capture: dict[str, Any]) -> 
     assert 8 * MIB <= retained < 8 * MIB + 256 * 1024, retained
     assert at_peak >= 2 and count >= 2 and total >= 28 * MIB
     assert samples and all(s[1] <= peak for s in samples)
-    assert max(s[1] for s in samples) >= 28 * MIB  # the 30 ms held across snapshots
+    assert max(s[1] for s in samples) >= 28 * MIB  # held across snapshots
     del kept, after
 
 
