@@ -23,6 +23,8 @@ from tracer.ray.task_metrics import TaskContext, measure_task
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 MIB = 1 << 20
+#: Ray's own threads allocate during a task too (as in test_memory_ray).
+SLACK = MIB
 
 
 @ray.remote
@@ -117,8 +119,8 @@ def test_one_tracker_measures_every_task(worker: Any) -> None:
     for i, (_, m) in enumerate(results):
         assert "memray" not in m, m
         hold = (i % 3) * MIB
-        assert max(hold, MIB) <= m["heap_peak"] <= hold + MIB + 256 * 1024, (i, m["heap_peak"])
-        assert MIB <= m["heap_retained"] <= MIB + 256 * 1024
+        assert max(hold, MIB) <= m["heap_peak"] <= hold + MIB + SLACK, (i, m["heap_peak"])
+        assert MIB <= m["heap_retained"] <= MIB + SLACK
         assert m["allocations"] >= 1 and m["start_ns"] < m["end_ns"]
         if hold:  # held 100 ms: memray's 10 ms snapshots saw it
             assert max(h for _, h, _ in m["memory_samples"]) >= hold
@@ -150,8 +152,8 @@ def test_both_methods_give_the_same_figures(worker: Any) -> None:
     per_task = [run(True) for _ in range(3)]
     for m in session + per_task:
         assert "memray" not in m, m
-        assert 24 * MIB <= m["heap_peak"] <= 24 * MIB + 512 * 1024
-        assert 8 * MIB <= m["heap_retained"] <= 8 * MIB + 256 * 1024
+        assert 24 * MIB <= m["heap_peak"] <= 24 * MIB + SLACK
+        assert 8 * MIB <= m["heap_retained"] <= 8 * MIB + SLACK
     # The session's samples are memray's snapshots of the task, like a tracker's of its own.
     assert all(len(m["memory_samples"]) >= 3 for m in session + per_task)
 
@@ -182,8 +184,8 @@ def test_a_forked_child_leaves_the_parent_measured(worker: Any) -> None:
     assert report["heap_peak"] is not None or report["memray_reason"], report
     after = _in(worker, _task, 3, 1)
     assert "memray" not in after, after
-    assert 3 * MIB <= after["heap_peak"] <= 4 * MIB + 256 * 1024
-    assert MIB <= after["heap_retained"] <= MIB + 256 * 1024
+    assert 3 * MIB <= after["heap_peak"] <= 3 * MIB + SLACK
+    assert MIB <= after["heap_retained"] <= MIB + SLACK
 
 
 def _fork_and_measure() -> dict[str, Any]:
@@ -248,7 +250,7 @@ def test_an_unreadable_capture_falls_back_to_a_tracker_per_task(worker: Any) -> 
     assert session is None
     for m in results:  # measured all the same, by a tracker around each task
         assert "memray" not in m, m
-        assert 2 * MIB <= m["heap_peak"] <= 2 * MIB + 256 * 1024
+        assert 2 * MIB <= m["heap_peak"] <= 2 * MIB + SLACK
 
 
 def _with_unknown_capture_version() -> tuple[list[dict[str, Any]], str | None, int | None]:
