@@ -123,7 +123,7 @@ def test_one_tracker_measures_every_task(worker: Any) -> None:
         assert MIB <= m["heap_retained"] <= MIB + SLACK
         assert m["allocations"] >= 1 and m["start_ns"] < m["end_ns"]
         if hold:  # held 100 ms: memray's 10 ms snapshots saw it
-            assert max(h for _, h, _ in m["memory_samples"]) >= hold
+            assert max(h for _, h, _ in m.get("memory_samples", [(0, 0, 0)])) >= hold, (i, m)
     assert _in(worker, _session_id) is not None
     assert _in(worker, _my_capture_files) == []  # unlinked: lives in the open file only
     assert len(set(_in(worker, _capture_fds))) == 1  # memray's and the reader's

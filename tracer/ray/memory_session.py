@@ -83,8 +83,10 @@ def disabled_reason() -> str | None:
     """Why level 2 runs a tracker per task in this process, or None if it need not."""
     if os.environ.get(PER_TASK_ENV, "") not in ("", "0"):
         return f"${PER_TASK_ENV} is set"
-    if _disabled is not None:
-        return _disabled
+    return _disabled
+
+
+def _check_reader() -> str | None:
     try:
         import tracer.ray._memray_reader  # noqa: F401
     except ImportError:
@@ -353,3 +355,6 @@ def _watch(session: Session) -> None:
             elif time.monotonic() - session.last_used >= IDLE_SECONDS:
                 _stop_locked(session)
                 return
+
+
+_disabled = _check_reader()
