@@ -1,6 +1,6 @@
 """Level 2 in a Ray worker: one memray tracker per process, read task by task.
 
-Starting and stopping a ``memray.Tracker`` costs ~8 ms each in a Ray worker
+Starting and stopping a ``memray.Tracker`` costs ~8-10 ms each in a Ray worker
 (memray patches, then restores, the relocation tables of every loaded
 library), which made level 2 cost ~20 ms per task. So in a Ray worker
 process the first level-2 task starts one tracker for the process, writing
@@ -36,7 +36,9 @@ untraced tasks, or level-1 ones, that the reused worker runs next are not
 slowed for longer than that; and it stops at exit. The same thread reads a
 long task's records while it runs (:meth:`Session.drain`), so the capture
 holds at most ~0.5 s of them. A forked child does not inherit it (memray
-stops tracking in the child; this module forgets it there). Anything going
+stops tracking in the child; this module forgets it there), and memray cannot
+start another there (the tracker's patches of ``threading`` are inherited):
+a level-2 task measured in such a child is unavailable. Anything going
 wrong (no memray, a tracker that fails to start, a stream that does not read
 as expected) marks the task ``memray: "unavailable"`` with the reason, drops
 the session, and the next task starts a new one: the task itself never fails.
@@ -57,7 +59,10 @@ from tracer.ray import memory as _memory
 if TYPE_CHECKING:
     from tracer.ray._memray_reader import Reader, Window
 
-__all__ = ["IDLE_SECONDS", "Session", "begin", "disabled_reason", "stop"]
+__all__ = [
+    "IDLE_SECONDS", "PER_TASK_ENV", "WATCH_SECONDS", "Session", "begin", "disabled_reason", "end",
+    "stop",
+]
 
 #: The tracker stops after this long without a level-2 task in the process.
 IDLE_SECONDS = 1.0
