@@ -310,21 +310,27 @@ def trivial_workload(tasks: int) -> Callable[[bool], Pipeline]:
 
 
 def workers_cpu() -> float:
-    """CPU seconds (user + system) used so far by this machine's Ray worker processes.
+    """CPU seconds (user + system) used so far by this run's Ray worker processes.
 
-    Less noisy than wall time on a shared machine: what level 2 adds runs in them.
+    Less noisy than wall time on a shared machine: what level 2 adds runs in
+    them. They are the children of the raylets this process started (other
+    Ray instances on the machine have theirs).
     """
-    total = 0
+    parents: dict[int, int] = {}
+    cpu: dict[int, int] = {}
+    raylets = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            cmdline = (stat.parent / "cmdline").read_bytes()
-            if b"default_worker.py" not in cmdline and not cmdline.startswith(b"ray::"):
-                continue
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            head, tail = stat.read_text().rsplit(")", 1)
+        except (OSError, ValueError):
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
+        pid, fields = int(stat.parent.name), tail.split()
+        parents[pid] = int(fields[1])
+        cpu[pid] = int(fields[11]) + int(fields[12])  # utime, stime
+        if head.endswith("(raylet") and parents[pid] == os.getpid():
+            raylets.add(pid)
+    ticks = sum(cpu[pid] for pid, parent in parents.items() if parent in raylets)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_once(
