@@ -144,16 +144,23 @@ raw_realloc(void *block, size_t size)
 
 /* ------------------------------------------------------------------ tables */
 
+/* The window's live allocations: address -> size, open addressing with linear
+ * probing. A slot is in use when its generation is the table's: opening a window
+ * (a task's start) empties the table by starting a new generation, whatever its size. */
 typedef struct {
-    uint64_t addr; /* 0: empty */
+    uint64_t addr;
     uint64_t size;
+    uint32_t gen; /* 0: never used, or removed */
 } Slot;
 
 typedef struct {
     Slot *slots;
     size_t cap; /* a power of two */
     size_t count;
+    uint32_t gen;
 } AddrMap;
+
+#define FULL(m, s) ((s)->gen == (m)->gen)
 
 static inline size_t
 addr_hash(uint64_t addr, size_t mask)
@@ -164,13 +171,24 @@ addr_hash(uint64_t addr, size_t mask)
 static int
 map_init(AddrMap *m, size_t cap)
 {
-    m->slots = raw_alloc(cap * sizeof(Slot));
+    m->slots = raw_alloc(cap * sizeof(Slot)); /* zero-filled: generation 0 */
     if (m->slots == NULL) {
         return -1;
     }
     m->cap = cap;
     m->count = 0;
+    m->gen = 1;
     return 0;
+}
+
+static void
+map_clear(AddrMap *m)
+{
+    m->count = 0;
+    if (++m->gen == 0) { /* after 2^32 windows: start over */
+        memset(m->slots, 0, m->cap * sizeof(Slot));
+        m->gen = 1;
+    }
 }
 
 static Slot *
@@ -179,11 +197,11 @@ map_find(AddrMap *m, uint64_t addr)
     size_t mask = m->cap - 1;
     for (size_t i = addr_hash(addr, mask);; i = (i + 1) & mask) {
         Slot *s = &m->slots[i];
+        if (!FULL(m, s)) {
+            return NULL;
+        }
         if (s->addr == addr) {
             return s;
-        }
-        if (s->addr == 0) {
-            return NULL;
         }
     }
 }
@@ -197,14 +215,15 @@ map_grow(AddrMap *m)
     }
     size_t mask = bigger.cap - 1;
     for (size_t j = 0; j < m->cap; j++) {
-        if (m->slots[j].addr == 0) {
+        if (!FULL(m, &m->slots[j])) {
             continue;
         }
         size_t i = addr_hash(m->slots[j].addr, mask);
-        while (bigger.slots[i].addr != 0) {
+        while (FULL(&bigger, &bigger.slots[i])) {
             i = (i + 1) & mask;
         }
         bigger.slots[i] = m->slots[j];
+        bigger.slots[i].gen = bigger.gen;
     }
     bigger.count = m->count;
     raw_free(m->slots);
@@ -222,15 +241,14 @@ map_put(AddrMap *m, uint64_t addr, uint64_t size)
     size_t mask = m->cap - 1;
     for (size_t i = addr_hash(addr, mask);; i = (i + 1) & mask) {
         Slot *s = &m->slots[i];
+        if (!FULL(m, s)) {
+            *s = (Slot){addr, size, m->gen};
+            m->count++;
+            return 1;
+        }
         if (s->addr == addr) {
             s->size = size;
             return 0;
-        }
-        if (s->addr == 0) {
-            s->addr = addr;
-            s->size = size;
-            m->count++;
-            return 1;
         }
     }
 }
@@ -244,7 +262,7 @@ map_remove(AddrMap *m, Slot *s)
     size_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (m->slots[j].addr == 0) {
+        if (!FULL(m, &m->slots[j])) {
             break;
         }
         size_t home = addr_hash(m->slots[j].addr, mask);
@@ -255,8 +273,7 @@ map_remove(AddrMap *m, Slot *s)
             i = j;
         }
     }
-    m->slots[i].addr = 0;
-    m->slots[i].size = 0;
+    m->slots[i].gen = 0;
     m->count--;
 }
 
@@ -767,14 +784,13 @@ account(Reader *r, const Rec *rec)
 static void
 reset_window(Reader *r)
 {
-    if (r->live.cap > 4096) {
+    if (r->live.cap > ((size_t)1 << 20)) { /* > 24 MiB: back to the kernel */
         raw_free(r->live.slots);
         r->live.slots = NULL;
         map_init(&r->live, 1024);
     }
     else if (r->live.slots != NULL) {
-        memset(r->live.slots, 0, r->live.cap * sizeof(Slot));
-        r->live.count = 0;
+        map_clear(&r->live);
     }
     r->n_ranges = 0;
     r->n_samples = 0;
