@@ -249,6 +249,30 @@ def _with_broken_tracker() -> tuple[dict[str, Any], dict[str, Any]]:
     return failed, _task(2)
 
 
+def test_a_worker_without_memray_measures_at_level_one(worker: Any) -> None:
+    without, after = _in(worker, _without_memray)
+    assert without["memray"] == memory.MEMRAY_UNAVAILABLE
+    assert "memray" in without["memray_reason"] and "heap_peak" not in without
+    assert without["rss_peak"] > 0 and without["_kept"] == 0
+    assert "memray" not in after and after["heap_peak"] >= 2 * MIB
+
+
+def _without_memray() -> tuple[dict[str, Any], dict[str, Any]]:
+    import sys
+
+    memory_session.stop()
+    saved = {name: module for name, module in sys.modules.items() if name.startswith("memray")}
+    for name in saved:
+        del sys.modules[name]
+    sys.modules["memray"] = None  # type: ignore[assignment]  # import memray: ImportError
+    try:
+        without = _task(2)
+    finally:
+        del sys.modules["memray"]
+        sys.modules.update(saved)
+    return without, _task(2)
+
+
 def test_an_unreadable_capture_falls_back_to_a_tracker_per_task(worker: Any) -> None:
     results, reason, session = _in(worker, _with_unknown_capture_version)
     assert "version 99" in (reason or "")

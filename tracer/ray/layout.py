@@ -136,7 +136,8 @@ ARG_ALLOCATION_COUNT = "allocation_count"
 ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_peak)
 #: Level 2, only when memray did not measure the task alone: "unavailable"
 #: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of
-#: the same worker process ran meanwhile and are in its heap figures).
+#: the same worker process ran meanwhile and are in its heap figures, which
+#: are then upper bounds of its own).
 ARG_MEMRAY = "memray"
 ARG_MEMRAY_REASON = "memray_reason"
 #: On a task killed by Ray's OOM killer: the worker's memory use Ray reported.
