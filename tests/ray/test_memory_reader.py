@@ -22,6 +22,9 @@ import pytest
 from tracer.ray import _memray_reader as R
 
 MIB = 1 << 20
+#: Other threads of this process allocate meanwhile (Ray's, when a test before
+#: started Ray here): memray counts every thread, as in test_memory_ray.
+SLACK = MIB
 
 
 @pytest.fixture
@@ -170,8 +173,8 @@ def test_a_window_between_markers_is_the_task_alone(capture: dict[str, Any]) -> 
     R.marker_free(start)
     R.marker_free(end)
     capture["stop"]()
-    assert 28 * MIB <= peak < 28 * MIB + 256 * 1024, peak
-    assert 8 * MIB <= retained < 8 * MIB + 256 * 1024, retained
+    assert 28 * MIB <= peak < 28 * MIB + SLACK, peak
+    assert 8 * MIB <= retained < 8 * MIB + SLACK, retained
     assert at_peak >= 2 and count >= 2 and total >= 28 * MIB
     assert samples and all(s[1] <= peak for s in samples)
     assert max(s[1] for s in samples) >= 28 * MIB  # held across snapshots
@@ -200,7 +203,8 @@ def test_reading_while_the_task_runs_adds_nothing_to_it(capture: dict[str, Any])
         R.marker_free(marker)
     capture["stop"]()
     kept = 100_000 * (600 + 8)  # the blocks, and the list's pointers to them
-    assert kept <= retained <= peak <= kept + 512 * 1024, (kept, retained, peak)
+    # (A table of malloc'd memory would add 4 MiB here.)
+    assert kept <= retained <= peak <= kept + SLACK, (kept, retained, peak)
     assert count >= 100_000
     del keep
 
