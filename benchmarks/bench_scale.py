@@ -13,7 +13,7 @@ thread samples every ``--interval`` seconds:
 * the driver's RSS (``/proc/self/statm``);
 * at level 1, the tracer's per-task structures: tasks in flight
   (``tracer._tasks``), received tasks waiting for their batch
-  (``_received``), measurements pending (``_pending_metrics``), lanes (free
+  (``_received``), measurements pending (the return channel's), lanes (free
   ones and all task lanes created), per-stage lists (flow ids, memory
   requests and peaks: the per-task index kept until a stage's slice is
   written), and the writer's tables (interned names and strings, encoded
@@ -62,17 +62,18 @@ def tracer_sizes(tracer: Any) -> dict[str, int]:
     """Sizes of the tracer's structures that could grow with the run (read from another
     thread: len() is atomic; a dict changing size while summed is retried next sample)."""
     writer = tracer.writer
-    stages = list(tracer._stages.values())
+    timeline = tracer._timeline
+    stages = list(timeline.stages.by_id.values())
     lanes = sum(1 for track in list(writer._tracks) if getattr(track, "name", None) == "tasks")
     return {
         "created": sum(s.tasks for s in stages),
         "in_flight": len(tracer._tasks),
         "received": len(tracer._received),
-        "pending_metrics": len(tracer._pending_metrics),
-        "free_lanes": len(tracer._free_lanes),
+        "pending_metrics": len(tracer._returns.pending),
+        "free_lanes": len(timeline._free_lanes),
         "lanes": lanes,
         "stage_index": sum(len(s.flows) + len(s.requests) + len(s.peaks) for s in stages),
-        "failures_seen": len(tracer._failures_seen),
+        "failures_seen": len(tracer._failures._seen),
         "writer_tracks": len(writer._tracks),
         "interned": len(writer._names) + len(writer._arg_names) + len(writer._string_values),
         "arg_cache": len(writer._arg_cache),

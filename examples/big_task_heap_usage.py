@@ -13,9 +13,10 @@ input (``memory=``, a common rule of thumb), which is far too little for
 "inflate". At tracing level 1 (the default) every task's execution slice shows
 its worker's RSS peak next to its requested memory; at level 2 memray measures
 each task's real heap peak, and the tasks whose peak exceeds their request are
-flagged (``over_request``). At the end the script prints what ``tracer memory``
-prints for the trace (``tracer.cli.memory.memory_report``): requested vs actual
-memory per stage and per node, and the tasks over their request.
+flagged (``over_request``). At the end the script prints what ``tracer memory
+--suggest`` prints for the trace (``tracer.cli.memory.memory_report``):
+requested vs actual memory per stage and per node, the tasks over their
+request, and the ``memory=`` each stage should request instead.
 
 It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
 (2 CPUs, an object store sized for the data). The trace goes to
@@ -146,7 +147,7 @@ def main() -> None:
     if pipeline.trace_path is None:
         print("tracing is off (level 0): no trace written")
         return
-    print(memory_report(pipeline.trace_path))
+    print(memory_report(pipeline.trace_path, suggest=True))
     print(f"trace written to {pipeline.trace_path}")
     print("open it at https://ui.perfetto.dev (Open trace file), or run:")
     print(f"  tracer open {pipeline.trace_path}")

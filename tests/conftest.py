@@ -11,18 +11,37 @@ manager owns the connection and switches between the two:
 
 Tests that use ``ray_cluster`` are moved to the end of the run, so the switch
 happens once.
+
+Every trace a test writes is checked by trace_processor (the ``tp_check``
+plugin). So that the traces of every Ray session the suite starts, its
+subprocesses' included, can be found, Ray's temporary folder is one of this
+run's own (``RAY_TMPDIR``), watched by that plugin.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+pytest.register_assert_rewrite("tp_check")
+import tp_check  # noqa: E402
+
+pytest_plugins = ["pytester", "tp_check"]
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray reports task events every second by default; a traced run's close waits
+# for the last ones (tracer.ray.events_channel). Every 100 ms here, so that the
+# suite's hundreds of short runs do not each wait a second (Ray's processes,
+# started by the tests or their subprocesses, inherit it).
+os.environ.setdefault("RAY_task_events_report_interval_ms", "100")
+# Short (Ray's socket paths must stay under 108 bytes) and this run's own.
+os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tracer-ray-")
+tp_check.watch_folder(Path(os.environ["RAY_TMPDIR"]))
 
 #: Object store of every Ray node the tests start (75 MiB: small and quick to start).
 OBJECT_STORE_MEMORY = 78643200

@@ -28,6 +28,21 @@ class TraceReadError(TracerError, ValueError):
     """The file is not a Perfetto protobuf trace, or is damaged beyond its last packet."""
 
 
+class TraceOrderError(TracerError):
+    """A streaming read (:func:`tracer.format.scan_trace`) met an event written too late.
+
+    The trace itself may be fine: its events on one track are out of
+    timestamp order by more than the scan's ``window_ns``. Scan again with a
+    larger window (``lateness_ns`` is by how much it was exceeded, at least),
+    or with ``window_ns=None``.
+    """
+
+    def __init__(self, message: str, *, track_uuid: int, lateness_ns: int) -> None:
+        super().__init__(message)
+        self.track_uuid = track_uuid
+        self.lateness_ns = lateness_ns
+
+
 class InvalidTracingLevelError(TracerError, ValueError):
     """A tracing level outside 0, 1 and 2 was asked for."""
 

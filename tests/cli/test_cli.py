@@ -13,8 +13,7 @@ import cli_workloads
 import pytest
 from trace_bytes import cut_inside_a_record, uncompressed
 
-from tracer.query import TraceQuery, find_trace_processor, records
-from tracer.query.errors import TraceProcessorNotFoundError
+from tracer.query import QueryConfig, TraceQuery, records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +61,7 @@ def truncated(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_summary_as_plain_text(trace: Path) -> None:
-    result = tracer("summary", trace)
+    result = tracer("summary", trace, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     out = result.stdout
@@ -82,10 +81,10 @@ def test_summary_as_plain_text(trace: Path) -> None:
 
 
 def test_summary_as_json_matches_the_api(trace: Path) -> None:
-    result = tracer("summary", trace, "--json", "--buckets", "5")
+    result = tracer("summary", trace, "--json", "--buckets", "5", "--engine", "reader")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    q = TraceQuery(trace)
+    q = TraceQuery(trace, QueryConfig(engine="reader"))
     assert data["engine"] == "reader"
     assert data["run"]["tracing_level"] == 1
     assert data["stages"] == records(q.stage_summary())
@@ -97,7 +96,7 @@ def test_summary_as_json_matches_the_api(trace: Path) -> None:
 
 
 def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None:
-    result = tracer("summary", truncated)
+    result = tracer("summary", truncated, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert "tracer: warning: the trace is truncated" in result.stderr
     assert "Traceback" not in result.stderr
@@ -108,7 +107,7 @@ def test_summary_of_a_trace_cut_inside_its_only_bundle(trace: Path, tmp_path: Pa
     data = trace.read_bytes()  # compressed: one bundle, lost whole when cut
     cut = tmp_path / "cut.perfetto-trace"
     cut.write_bytes(data[: len(data) // 2])
-    result = tracer("summary", cut)
+    result = tracer("summary", cut, "--engine", "reader")
     assert result.returncode == 0, result.stderr
     assert result.stderr.startswith("tracer: warning: the trace is cut before its first")
     assert len(result.stderr.splitlines()) == 1
@@ -134,6 +133,8 @@ def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path)
     auto = tracer("summary", trace, "--engine", "auto", "--json", env=no_binary_env(tmp_path))
     assert auto.returncode == 0, auto.stderr
     assert json.loads(auto.stdout)["engine"] == "reader"
+    default = tracer("summary", trace, "--json", env=no_binary_env(tmp_path))  # auto
+    assert json.loads(default.stdout) == json.loads(auto.stdout)
 
 
 def test_summary_auto_warns_about_a_broken_trace_processor_path(
@@ -253,11 +254,8 @@ def test_query_without_a_binary_says_what_to_do(trace: Path, tmp_path: Path) -> 
 
 
 @pytest.fixture(scope="module")
-def tp_bin() -> str:
-    try:
-        return find_trace_processor()
-    except TraceProcessorNotFoundError:
-        pytest.skip("no trace_processor binary here: set TRACE_PROCESSOR_PATH to test `query`")
+def tp_bin(trace_processor_bin: str) -> str:
+    return trace_processor_bin
 
 
 def test_query_formats(trace: Path, tp_bin: str) -> None:
@@ -267,7 +265,8 @@ def test_query_formats(trace: Path, tp_bin: str) -> None:
     table = tracer("query", trace, sql, env=env)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].split() == ["stage", "n"]
-    assert f"grow  {n}" in table.stdout
+    assert [line.split() for line in table.stdout.splitlines()[2:]] == [
+        ["grow", str(n)], ["nap", str(n)]]
     csv = tracer("query", trace, sql, "--csv", env=env)
     assert csv.stdout.splitlines() == ["stage,n", f"grow,{n}", f"nap,{n}"]
     js = tracer("query", trace, "-", "--json", env=env, stdin=sql)
@@ -279,6 +278,7 @@ def test_query_formats(trace: Path, tp_bin: str) -> None:
 # -------------------------------------------------------------------- errors
 
 
+@pytest.mark.unchecked_traces("bad trace files on purpose")
 @pytest.mark.parametrize("command", ["summary", "memory", "query"])
 def test_bad_trace_files(command: str, tmp_path: Path) -> None:
     extra = ["SELECT 1"] if command == "query" else []

@@ -14,7 +14,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as perfetto_pb2
 
 from tracer.format import TraceWriter, read_trace
-from tracer.format.writer import _padding
+from tracer.format._output import _padding
 
 
 def _events(writer: TraceWriter, track: object, start: int, count: int) -> int:

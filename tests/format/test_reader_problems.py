@@ -506,6 +506,7 @@ def test_a_bundle_inside_a_bundle_raises() -> None:
 
 # ----------------------------------------------------------------- not a trace
 
+@pytest.mark.unchecked_traces("not a trace, on purpose")
 def test_an_empty_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "empty.perfetto-trace"
     path.write_bytes(b"")
@@ -514,6 +515,7 @@ def test_an_empty_file_is_a_clear_error(tmp_path: Path) -> None:
             read_trace(source)
 
 
+@pytest.mark.unchecked_traces("not a trace, on purpose")
 @pytest.mark.parametrize(
     ("content", "reason"),
     [

@@ -130,7 +130,7 @@ def draw_script(draw: Any) -> Script:
     tids: set[tuple[int, int]] = set()
     for _ in range(draw(st.integers(0, 2))):
         pid = draw(st.sampled_from(pids) if pids else st.integers(1, 1000))
-        tid = draw(st.integers(1, (1 << 40)).filter(lambda t, pid=pid: (pid, t) not in tids))
+        tid = draw(st.integers(1, (1 << 32) - 1).filter(lambda t, pid=pid: (pid, t) not in tids))
         tids.add((pid, tid))
         tracks.append(TrackSpec(len(tracks), "thread", draw(TEXT), pid=pid, tid=tid,
                                 rank=draw(st.none() | st.integers(0, 100))))

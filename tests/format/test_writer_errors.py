@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from trace_helpers import FakeClock
 
-import tracer.format.writer as writer_module
+import tracer.format._events as events_module
 from tracer.errors import (
     InvalidArgumentTypeError,
     TracerError,
@@ -27,6 +27,7 @@ from tracer.errors import (
     UnknownTrackError,
 )
 from tracer.format import CounterTrack, TraceWriter, Track, read_trace
+from tracer.format._encoding import _SEEN_ONCE_LIMIT
 
 T0 = 1_000_000_000
 
@@ -128,6 +129,8 @@ MISUSES: dict[str, tuple[type[Exception], str, Misuse]] = {
     "duplicate pid": (ValueError, "already has a process track",
                       lambda w, t: w.process_track(10, "again")),
     "tid 0": (ValueError, "tid", lambda w, t: w.thread_track(10, 0, "t")),
+    # trace_processor truncates tids to 32 bits.
+    "tid 2**32": (ValueError, "tid", lambda w, t: w.thread_track(10, 1 << 32, "t")),
     "duplicate thread": (ValueError, "already has a track",
                          lambda w, t: w.thread_track(10, 11, "again")),
     "negative rank": (ValueError, "rank", lambda w, t: w.track("x", rank=-1)),
@@ -442,7 +445,7 @@ def test_intern_tables_stop_at_intern_limit(tmp_path: Path) -> None:
         assert len(w._categories) == limit
         assert len(w._arg_names) == limit
         assert len(w._string_values) <= limit
-        assert len(w._seen_once) <= writer_module._SEEN_ONCE_LIMIT
+        assert len(w._seen_once) <= _SEEN_ONCE_LIMIT
     model = read_trace(path, strict=True)
     assert [i.name for i in model.instants] == [f"name-{i}" for i in range(2000)]
     assert model.instants[1999].args == {"key-1999": "value-199", "same": "value-199"}
@@ -450,7 +453,7 @@ def test_intern_tables_stop_at_intern_limit(tmp_path: Path) -> None:
 
 
 def test_event_caches_stop_growing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "_BODY_CACHE_LIMIT", 100)
+    monkeypatch.setattr(events_module, "_BODY_CACHE_LIMIT", 100)
     path = tmp_path / "t.perfetto-trace"
     with TraceWriter(path, clock=FakeClock(T0)) as w:
         lane = w.track("lane")

@@ -32,8 +32,8 @@ def write(path: Path) -> Path:
         lanes = [w.track(L.TASK_LANE, parent=tasks_root) for _ in range(3)]
         pid = 2_000_000_000
         w.process_track(pid, NODE, rank=1)
-        w11 = w.thread_track(pid, (1 << 32) | 11, f"{L.WORKER_THREAD_PREFIX} 11")
-        w12 = w.thread_track(pid, (1 << 32) | 12, f"{L.WORKER_THREAD_PREFIX} 12")
+        w11 = w.thread_track(pid, (1 << 22) + 11, f"{L.WORKER_THREAD_PREFIX} 11")
+        w12 = w.thread_track(pid, (1 << 22) + 12, f"{L.WORKER_THREAD_PREFIX} 12")
         w12_lane = w.track(f"{L.WORKER_THREAD_PREFIX} 12", parent=w12)
 
         def at(ts: int, fn: Callable[[], Any]) -> None:

@@ -1,4 +1,9 @@
-"""The ready-made analyses (reader engine) on traces of known shape."""
+"""The ready-made analyses of the reader engine on traces of known shape.
+
+Every TraceQuery here asks for the reader engine: the default (auto) would
+use trace_processor where a binary is found (test_query_engines.py checks
+that both engines agree).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from tracer.query import SCHEMAS, QueryConfig, TraceQuery, records
 from tracer.query.from_model import nearest_rank
 
 MS = 1_000_000
+READER = QueryConfig(engine="reader")
 
 
 def rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -41,26 +47,27 @@ def test_config_rejects_an_unknown_engine() -> None:
         QueryConfig(engine="sqlite")  # type: ignore[arg-type]
 
 
-def test_missing_and_bad_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", [READER, None], ids=["reader", "default"])
+def test_missing_and_bad_files(tmp_path: Path, config: QueryConfig | None) -> None:
     with pytest.raises(TraceReadError, match="no such trace file"):
-        TraceQuery(tmp_path / "nope.perfetto-trace")
+        TraceQuery(tmp_path / "nope.perfetto-trace", config)
     with pytest.raises(TraceReadError, match="not a file"):
-        TraceQuery(tmp_path)
+        TraceQuery(tmp_path, config)
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
     with pytest.raises(TraceReadError, match="not a Perfetto protobuf trace"):
-        TraceQuery(text)
+        TraceQuery(text, config)
 
 
 def test_worker_utilisation_rejects_bad_buckets(synthetic: Path) -> None:
-    q = TraceQuery(synthetic)
+    q = TraceQuery(synthetic, READER)
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="buckets"):
             q.worker_utilisation(bad)  # type: ignore[arg-type]
 
 
 def test_every_analysis_has_its_declared_columns_and_dtypes(synthetic: Path) -> None:
-    q = TraceQuery(synthetic)
+    q = TraceQuery(synthetic, READER)
     for name, schema in SCHEMAS.items():
         frame = getattr(q, name)()
         assert list(frame.columns) == [c for c, _ in schema], name
@@ -73,7 +80,7 @@ def test_every_analysis_has_its_declared_columns_and_dtypes(synthetic: Path) -> 
 
 
 def test_synthetic_stage_summary(synthetic: Path) -> None:
-    got = rows(TraceQuery(synthetic).stage_summary())
+    got = rows(TraceQuery(synthetic, READER).stage_summary())
     assert got == [
         {"stage_id": 0, "stage": "map", "tasks": 3, "failed": 0, "wall_ns": 700 - 30,
          "dur_p50_ns": 200, "dur_p95_ns": 200, "dur_max_ns": 200, "memory_requested": 100,
@@ -86,7 +93,7 @@ def test_synthetic_stage_summary(synthetic: Path) -> None:
 
 
 def test_synthetic_task_latency(synthetic: Path) -> None:
-    got = rows(TraceQuery(synthetic).task_latency())
+    got = rows(TraceQuery(synthetic, READER).task_latency())
     phases = ["task_id", "attempt", "status", "worker", "waiting_ns", "scheduling_ns",
               "running_ns", "pickup_ns", "total_ns", "memory_peak"]
     assert [[r[k] for k in phases] for r in got] == [
@@ -105,7 +112,7 @@ def test_synthetic_task_latency(synthetic: Path) -> None:
 
 
 def test_synthetic_latency_by_stage(synthetic: Path) -> None:
-    got = rows(TraceQuery(synthetic).latency_by_stage())
+    got = rows(TraceQuery(synthetic, READER).latency_by_stage())
     assert got[0] == {
         "stage_id": 0, "stage": "map", "tasks": 3,
         "waiting_p50_ns": 30, "waiting_p95_ns": 40, "scheduling_p50_ns": 80,
@@ -117,7 +124,7 @@ def test_synthetic_latency_by_stage(synthetic: Path) -> None:
 
 
 def test_synthetic_dispatch_loop(synthetic: Path) -> None:
-    got = rows(TraceQuery(synthetic).dispatch_loop())
+    got = rows(TraceQuery(synthetic, READER).dispatch_loop())
     # The execution and the last wave never end: they end at the trace's last event (1200).
     assert [(r["phase"], r["count"], r["total_ns"]) for r in got] == [
         ("plan polling", 3, 30),  # one outside waves, two inside batching
@@ -135,7 +142,7 @@ def test_synthetic_dispatch_loop(synthetic: Path) -> None:
 
 
 def test_synthetic_worker_utilisation(synthetic: Path) -> None:
-    got = rows(TraceQuery(synthetic).worker_utilisation(4))
+    got = rows(TraceQuery(synthetic, READER).worker_utilisation(4))
     assert {(r["bucket_ns"], r["node"]) for r in got} == {(300, NODE)}
     busy = {(r["worker"], r["bucket"]): r["busy_ns"] for r in got}
     assert busy == {
@@ -147,7 +154,7 @@ def test_synthetic_worker_utilisation(synthetic: Path) -> None:
 
 
 def test_synthetic_memory(synthetic: Path) -> None:
-    q = TraceQuery(synthetic)
+    q = TraceQuery(synthetic, READER)
     by_stage = rows(q.memory_by_stage())
     assert by_stage[0] == {
         "stage_id": 0, "stage": "map", "tasks": 3, "measured": 2, "requested_bytes": 100,
@@ -171,7 +178,7 @@ def test_synthetic_memory(synthetic: Path) -> None:
 
 
 def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
-    q = TraceQuery(synthetic)
+    q = TraceQuery(synthetic, READER)
     assert q.run_info() == {"execution_id": "syn", "runner": "synthetic", "tracing_level": 1}
     assert q.engine == "reader"
     (warning,) = q.warnings()
@@ -186,7 +193,7 @@ STAGES = ["sleep", "alloc", "boom"]
 
 @pytest.fixture(scope="module")
 def level1(level1_trace: Path) -> TraceQuery:
-    return TraceQuery(level1_trace)
+    return TraceQuery(level1_trace, READER)
 
 
 def test_stage_summary_of_a_real_run(level1: TraceQuery) -> None:
@@ -290,7 +297,7 @@ def test_memory_of_a_real_run_at_level_1(level1: TraceQuery) -> None:
 
 
 def test_memory_of_a_real_run_at_level_2(level2_trace: Path) -> None:
-    q = TraceQuery(level2_trace)
+    q = TraceQuery(level2_trace, READER)
     assert q.run_info()["tracing_level"] == 2
     by_stage = rows(q.memory_by_stage())
     # memray's heap peak: the 64 MiB buffer for alloc, next to nothing for sleep.
@@ -305,7 +312,7 @@ def test_memory_of_a_real_run_at_level_2(level2_trace: Path) -> None:
 def test_a_truncated_trace_is_analysed_up_to_the_cut(
     truncated_trace: Path, level1: TraceQuery
 ) -> None:
-    q = TraceQuery(truncated_trace)
+    q = TraceQuery(truncated_trace, READER)
     warnings = q.warnings()
     assert any("truncated" in w for w in warnings)
     tasks = rows(q.task_latency())

@@ -3,10 +3,12 @@
 The SQL files run three ways here:
 
 * in plain SQLite on tables shaped like trace_processor's (sqlite_tp.py),
-  always: the SQL is valid and computes what the reader engine computes;
+  always, for the files that need no more of PerfettoSQL's standard library
+  than sqlite_tp stands in for: the SQL is valid and computes what the
+  reader engine computes;
 * in a real trace_processor, when a binary can be found ($TRACE_PROCESSOR_PATH,
   the perfetto package's cache, or trace_processor_shell on PATH); skipped
-  otherwise, with the reason.
+  otherwise, with the reason (failed where it is required: tests/tp_check.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import sqlite_tp
-from pandas.testing import assert_frame_equal
+from engines_agree import BUCKETS, assert_engines_agree, same
+from engines_agree import analysis as _analysis
 
 from tracer.query import (
     ANALYSES,
@@ -34,18 +36,8 @@ from tracer.query import (
 from tracer.query.sql import worker_utilisation_sql
 
 TRACES = ["level1_trace", "level2_trace", "truncated_trace", "synthetic"]
-BUCKETS = 7
-
-
-def _analysis(q: TraceQuery, name: str) -> pd.DataFrame:
-    if name == "worker_utilisation":
-        return q.worker_utilisation(BUCKETS)
-    result: pd.DataFrame = getattr(q, name)()
-    return result
-
-
-def _same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
-    assert_frame_equal(a, b, check_exact=False, rtol=1e-12, obj=name)
+READER = QueryConfig(engine="reader")
+_same = same
 
 
 # ------------------------------------------------------------- the SQL files
@@ -64,9 +56,12 @@ def test_every_analysis_ships_as_a_sql_file() -> None:
 @pytest.mark.parametrize("trace", TRACES)
 def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(trace)
-    q = TraceQuery(path)
+    q = TraceQuery(path, READER)
     db = sqlite_tp.load(path)
-    for name in ANALYSES:
+    in_sqlite = [name for name in ANALYSES if sqlite_tp.runs_in_sqlite(name)]
+    # The interval intersection is trace_processor's alone: checked there only.
+    assert set(ANALYSES) - set(in_sqlite) == {"worker_utilisation"}
+    for name in in_sqlite:
         from_sql = to_frame(sqlite_tp.analysis(db, name, BUCKETS), name)
         _same(from_sql, _analysis(q, name), name)
         if trace != "truncated_trace" or name != "memory_flagged":
@@ -76,7 +71,7 @@ def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.Fixtur
 def test_sqlite_check_can_fail(synthetic: Path) -> None:
     """The comparison above catches a wrong number (a guard against a vacuous check)."""
     db = sqlite_tp.load(synthetic)
-    q = TraceQuery(synthetic)
+    q = TraceQuery(synthetic, READER)
     tampered = sqlite_tp.run(db, sql_text("stage_summary").replace("(50 * n + 99)", "(60 * n)"))
     with pytest.raises(AssertionError):
         _same(to_frame(tampered, "stage_summary"), q.stage_summary(), "stage_summary")
@@ -86,33 +81,37 @@ def test_sqlite_check_can_fail(synthetic: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tp_bin() -> str:
-    try:
-        return find_trace_processor()
-    except TraceProcessorNotFoundError:
-        pytest.skip(
-            "no trace_processor binary here: set TRACE_PROCESSOR_PATH to check the SQL files "
-            "in trace_processor (they are checked in SQLite above)"
-        )
+def tp_bin(trace_processor_bin: str) -> str:
+    return trace_processor_bin
 
 
 @pytest.mark.parametrize("trace", TRACES)
 def test_trace_processor_agrees_with_the_reader(
     trace: str, tp_bin: str, request: pytest.FixtureRequest
 ) -> None:
-    path: Path = request.getfixturevalue(trace)
-    reader = TraceQuery(path)
-    with TraceQuery(path, QueryConfig(engine="trace_processor", trace_processor_path=tp_bin)) as tp:
-        assert tp.engine == "trace_processor"
-        for name in ANALYSES:
-            _same(_analysis(tp, name), _analysis(reader, name), name)
-        assert tp.run_info() == reader.run_info()
+    """Here on real runs at levels 1 and 2, a cut copy and a synthetic trace; also on the
+    traces of a two-node run (tests/ray/test_ray_cluster.py), exceptions, retries and
+    cancellations (tests/robustness/test_task_failures.py), a driver killed with SIGKILL
+    (tests/robustness/test_write_failures.py) and a real OOM kill
+    (tests/ray/test_memory_oom.py), where those runs are made."""
+    assert_engines_agree(request.getfixturevalue(trace), tp_bin)
+
+
+def test_the_agreement_check_can_fail(synthetic: Path, tp_bin: str) -> None:
+    """A wrong number in one engine is caught (a guard against a vacuous comparison)."""
+    reader = TraceQuery(synthetic, QueryConfig(engine="reader"))
+    with TraceQuery(synthetic, QueryConfig(engine="trace_processor",
+                                           trace_processor_path=tp_bin)) as tp:
+        theirs = _analysis(tp, "task_latency")
+        theirs.loc[0, "total_ns"] += 1
+        with pytest.raises(AssertionError):
+            _same(theirs, _analysis(reader, "task_latency"), "task_latency")
 
 
 def test_trace_processor_runs_any_sql(level1_trace: Path, tp_bin: str) -> None:
     with TraceQuery(level1_trace, QueryConfig(trace_processor_path=tp_bin)) as q:
         n = q.query("SELECT COUNT(*) AS n FROM tracer_task")["n"].iloc[0]
-        assert n == len(TraceQuery(level1_trace).task_latency())
+        assert n == len(TraceQuery(level1_trace, READER).task_latency())
         with pytest.raises(QueryError, match="query failed"):
             q.query("SELECT * FROM no_such_table")
 
@@ -170,7 +169,20 @@ def test_path_lookup(no_binary: None, tmp_path: Path) -> None:
     assert find_trace_processor() == str(fake)
 
 
+def test_the_default_engine_is_trace_processor_when_there_is_one(
+    synthetic: Path, tp_bin: str
+) -> None:
+    assert QueryConfig().engine == "auto"
+    with TraceQuery(synthetic) as q:
+        assert q.engine == "trace_processor"
+        assert q.warnings() == ["2 slice(s) never ended: the trace was probably cut while being "
+                                "written; the answers cover what is there"]
+
+
 def test_engines_without_a_binary(no_binary: None, synthetic: Path) -> None:
+    default = TraceQuery(synthetic)
+    assert default.engine == "reader"  # auto, and no binary anywhere
+    assert default.warnings() == TraceQuery(synthetic, READER).warnings()
     auto = TraceQuery(synthetic, QueryConfig(engine="auto"))
     assert auto.engine == "reader"
     assert len(auto.stage_summary()) == 2
@@ -201,7 +213,7 @@ def test_auto_says_why_a_named_binary_is_unusable(
     reported (a typo in TRACE_PROCESSOR_PATH must not go unnoticed); none anywhere is quiet."""
     plain = tmp_path / "plain"
     plain.write_text("")
-    own = TraceQuery(synthetic).warnings()  # the trace's own (2 unterminated slices)
+    own = TraceQuery(synthetic, READER).warnings()  # the trace's own (2 unterminated slices)
     cases = [
         ("env", str(tmp_path / "missing"), "TRACE_PROCESSOR_PATH=", "no such file"),
         ("env", str(plain), "TRACE_PROCESSOR_PATH=", "not an executable"),

@@ -12,7 +12,7 @@ from tracer.format import TraceWriter, read_trace
 from tracer.format.writer import CounterTrack
 from tracer.ray import layout as L
 from tracer.ray.memory import downsample
-from tracer.ray.memory_trace import MemoryTrace, kib
+from tracer.ray.timeline.memory import MemoryTrace, kib
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000

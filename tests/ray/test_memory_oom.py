@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import pytest
+from engines_agree import assert_engines_agree
 from ray_trace_checks import check_well_formed
 
 from tracer.format import read_trace
@@ -118,6 +119,7 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     assert killed[L.ARG_ERROR_TYPE] == "OutOfMemoryError"
     assert "low on memory" in killed[L.ARG_ERROR] and "OOM kill reason" in killed[L.ARG_ERROR]
     assert killed[L.ARG_MEMORY_REQUESTED] == REQUEST
+    assert_engines_agree(oom["trace"])
     # Ray names the node and the worker process; the killed worker used more than requested.
     assert killed[L.ARG_MEMORY_AT_KILL] > REQUEST
     node_id, pid = killed[L.ARG_NODE_ID], killed[L.ARG_WORKER_PID]

@@ -26,7 +26,7 @@ from tracer.format import Slice, TraceWriter
 from tracer.query import TraceQuery, records
 from tracer.ray import collect_ray_task_metrics
 from tracer.ray import layout as L
-from tracer.ray.memory_trace import TIME_UNIT_NS
+from tracer.ray.timeline.memory import TIME_UNIT_NS
 from tracer.runner import Pipeline, Stage
 
 pytestmark = pytest.mark.usefixtures("ray_local")

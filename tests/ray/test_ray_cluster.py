@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from engines_agree import assert_engines_agree
 from ray_trace_checks import check_runner_trace
 
 from tracer.ray import layout as L
@@ -69,3 +70,4 @@ def test_executions_on_both_nodes(ray_cluster: Any, tmp_path: Path) -> None:
             assert rt.node_of(e).name.endswith(f"({reported[e.args[L.ARG_TASK_ID]][:8]})")
     cpus = rt.counter_values(L.COUNTER_AVAILABLE_CPUS)
     assert cpus[0] == 2 and cpus[-1] == 2
+    assert_engines_agree(path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -178,13 +177,8 @@ def test_concurrent_executions_in_threads(tmp_path: Path) -> None:
 _STATS_PREFIXES = ("interned_data", "track_event", "misplaced", "flow", "clock_sync_failure")
 
 
-def test_trace_processor_loads_a_runner_trace(tmp_path: Path) -> None:
-    bin_path = os.environ.get("TRACE_PROCESSOR_PATH")
-    if not bin_path or not Path(bin_path).is_file():
-        pytest.skip(
-            "set TRACE_PROCESSOR_PATH to a trace_processor_shell binary to load a runner trace "
-            "into trace_processor (none on this machine; the reader-based tests cover the rest)"
-        )
+def test_trace_processor_loads_a_runner_trace(tmp_path: Path, trace_processor_bin: str) -> None:
+    bin_path = trace_processor_bin
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     path = tmp_path / "tp.perfetto-trace"

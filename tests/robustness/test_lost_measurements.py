@@ -27,9 +27,9 @@ from trace_checks import (
 )
 
 from tracer.format.model import TraceModel
-from tracer.ray import ResourceRequest, collect_ray_task_metrics, ray_tracer, runner_tracer
+from tracer.ray import ResourceRequest, actor_channel, collect_ray_task_metrics, ray_tracer
 from tracer.ray import layout as L
-from tracer.ray.channel import NAMESPACE, actor_name
+from tracer.ray.metrics_actor import NAMESPACE, actor_name
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -173,7 +173,7 @@ def test_metrics_actor_that_hangs_costs_one_timeout(
 ) -> None:
     """A stopped (SIGSTOP) actor never answers: one wave waits for the timeout, no other."""
     caplog.set_level(logging.WARNING, logger="tracer")
-    monkeypatch.setattr(runner_tracer, "_ACTOR_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(actor_channel, "ACTOR_TIMEOUT_S", 1.0)
     path = tmp_path / "hung-actor.perfetto-trace"
     stopped: list[int] = []
 

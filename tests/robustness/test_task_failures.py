@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from engines_agree import assert_engines_agree
 from trace_checks import (
     execution_slice,
     executions_by_task,
@@ -135,6 +136,7 @@ def test_exception_without_retry(tmp_path: Path) -> None:
     assert execution_slice(model).args[L.ARG_ERROR_TYPE] == "KeyError"
     (mark,) = instants_named(model, L.INSTANT_TASK_FAILED)
     assert mark.track_uuid == execution.track_uuid  # on the worker where it ran
+    assert_engines_agree(path)
 
 
 def test_crashed_attempt_is_retried_and_counted(tmp_path: Path, markers: str) -> None:
@@ -208,6 +210,7 @@ def test_retried_exception_shows_every_attempt(
     # One arrow per task, to its first execution.
     assert len(model.flows) == 2 * N
     assert execution_slice(model).args[L.ARG_LOST_MEASUREMENTS] == 0
+    assert_engines_agree(path)
 
 
 def test_retries_exhausted_every_attempt_once(tmp_path: Path) -> None:
@@ -262,6 +265,9 @@ def test_timeout_cancels_the_tasks_in_flight(
         for task_id, (execution,) in executions.items():
             assert execution.args[L.ARG_STATUS] == L.STATUS_CANCELLED
             assert execution.args[L.ARG_ERROR_TYPE] in ("TaskCancelledError", "KeyboardInterrupt")
+            # Known as its task's execution: named after its stage, with the stage's arrow.
+            assert execution.name == "slow"
+            assert [f.dest_id for f in model.flows].count(execution.id) == 1
             # It ran until the cancel: it started before the driver cancelled it (the
             # end of its task slice) and ended after (1 ms of slack between clock reads).
             cancelled_at = tasks[task_id][0].ts + (tasks[task_id][0].dur or 0)
@@ -269,6 +275,7 @@ def test_timeout_cancels_the_tasks_in_flight(
             assert execution.ts + (execution.dur or 0) >= cancelled_at - 1_000_000
     else:
         assert executions == {}  # Ray's error replaces the one that carried them
+    assert_engines_agree(path)
 
 
 @ray.remote(num_cpus=1)
@@ -312,6 +319,7 @@ def test_cancel_through_the_tracer_api(tmp_path: Path) -> None:
     cpus = [c.value for c in model.counters if model.tracks[c.track_uuid].name
             == L.COUNTER_AVAILABLE_CPUS]
     assert cpus[-1] == 2
+    assert_engines_agree(path)
 
 
 def _running_pids() -> list[int]:

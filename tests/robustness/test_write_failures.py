@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from engines_agree import assert_engines_agree
 
 from tracer.format import read_trace
 from tracer.ray import layout as L
@@ -212,3 +213,4 @@ def test_sigkill_of_the_driver_leaves_a_trace_that_loads(tmp_path: Path) -> None
     assert killed_at - last_end < 2_500_000_000
     executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
     assert executions, "no execution measurements made it into the trace"
+    assert_engines_agree(path)

@@ -6,6 +6,7 @@
     tracer memory TRACE         requested vs actual memory, tasks over their request
     tracer query TRACE SQL      any SQL, in trace_processor
     tracer open TRACE           open the trace in the Perfetto UI
+    tracer convert TIMELINE     Ray's timeline (Chrome JSON) as a Perfetto trace
 
 One module per command (``tracer.cli.<command>``), each with ``add_parser``
 and ``run``. Errors a user can cause print one line on stderr and exit 1;
@@ -19,13 +20,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tracer.cli import memory, open_trace, query, summary
+from tracer.cli import convert, memory, open_trace, query, summary
 from tracer.cli._common import error
 from tracer.errors import TracerError
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS = (summary, memory, query, open_trace)
+_COMMANDS = (summary, memory, query, open_trace, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:

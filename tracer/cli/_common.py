@@ -44,12 +44,13 @@ def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> N
         parser.add_argument(
             "--engine",
             choices=ENGINES,
-            default="reader",
+            default="auto",
             help=(
-                "what computes the analyses: 'reader' (default; tracer's own trace reader, "
-                "works everywhere), 'trace_processor' (the SQL files of tracer/query/sql in "
-                "trace_processor; needs a binary) or 'auto' (trace_processor when a binary is "
-                "found, else the reader). Both give the same numbers."
+                "what computes the analyses: 'auto' (default: trace_processor when a binary "
+                "is found and starts, else the reader), 'trace_processor' (the SQL files of "
+                "tracer/query/sql in trace_processor; needs a binary) or 'reader' (tracer's own "
+                "trace reader: works everywhere, keeps a row per task in memory). Both give "
+                "the same numbers."
             ),
         )
     parser.add_argument(
@@ -63,7 +64,7 @@ def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> N
 @contextlib.contextmanager
 def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[TraceQuery]:
     """A TraceQuery for ``args.trace``; prints its warnings (truncation...) on stderr."""
-    chosen = engine or getattr(args, "engine", "reader")
+    chosen = engine or getattr(args, "engine", "auto")
     if chosen not in ENGINES:  # argparse's choices keep this from happening
         raise ValueError(f"unknown engine {chosen!r}")
     config = QueryConfig(

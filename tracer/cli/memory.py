@@ -1,4 +1,5 @@
-"""``tracer memory TRACE``: requested vs actual memory per stage and node, and the flagged tasks."""
+"""``tracer memory TRACE``: requested vs actual memory per stage and node, and the flagged tasks;
+with ``--suggest``, the ``memory=`` each stage should request."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tracer.cli._output import (
     print_json,
     render_table,
 )
-from tracer.query import QueryConfig, TraceQuery, records
+from tracer.query import QueryConfig, TraceQuery, is_missing, records
+from tracer.query.suggest import DEFAULT_HEADROOM
+from tracer.sizes import InvalidSizeError, parse_size
 
 HELP = "requested vs actual memory per stage and node, and the tasks over their request"
 
@@ -40,40 +43,138 @@ def add_parser(commands: Any) -> None:
         help="flagged tasks to list on a terminal, worst first (default 20; 0: all)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) for machines")
+    parser.add_argument(
+        "--suggest", action="store_true",
+        help="also suggest each stage's memory= request: its largest measured peak x the "
+        "headroom, rounded up to a MiB, with how many such tasks fit a node",
+    )
+    parser.add_argument(
+        "--headroom", type=_headroom, default=None, metavar="X",
+        help=f"the factor above the largest peak (default {DEFAULT_HEADROOM}); implies --suggest",
+    )
+    parser.add_argument(
+        "--node-memory", type=_size, default=None, metavar="SIZE",
+        help="a node's memory resource, e.g. '64 GiB' (default: the cluster's, from the "
+        "trace, over the nodes that ran tasks); implies --suggest",
+    )
     parser.set_defaults(run=run)
 
 
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text, "node memory")
+    except InvalidSizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    headroom = DEFAULT_HEADROOM if args.headroom is None else args.headroom
+    suggest = args.suggest or args.headroom is not None or args.node_memory is not None
     with open_query(args) as q:
         if args.json:
-            print_json(
-                {
-                    "trace": str(args.trace),
-                    "engine": q.engine,
-                    "run": q.run_info(),
-                    "by_stage": records(q.memory_by_stage()),
-                    "by_node": records(q.memory_by_node()),
-                    "flagged": records(q.memory_flagged()),
-                }
-            )
+            data = {
+                "trace": str(args.trace),
+                "engine": q.engine,
+                "run": q.run_info(),
+                "by_stage": records(q.memory_by_stage()),
+                "by_node": records(q.memory_by_node()),
+                "flagged": records(q.memory_flagged()),
+            }
+            if suggest:
+                data["suggestions"] = records(q.memory_suggestions(headroom, args.node_memory))
+            print_json(data)
             return 0
-        print(_render(q, str(args.trace), Style.for_stream(sys.stdout), args.limit))
+        style = Style.for_stream(sys.stdout)
+        text = _render(q, str(args.trace), style, args.limit)
+        if suggest:
+            text += "\n\n" + _render_suggestions(q, style, headroom, args.node_memory)
+        print(text)
     return 0
 
 
 def memory_report(
-    trace: str | os.PathLike[str], *, limit: int = 20, config: QueryConfig | None = None
+    trace: str | os.PathLike[str],
+    *,
+    limit: int = 20,
+    config: QueryConfig | None = None,
+    suggest: bool = False,
+    headroom: float = DEFAULT_HEADROOM,
+    node_memory: int | None = None,
 ) -> str:
     """What ``tracer memory TRACE`` prints, as plain text, for scripts and examples.
 
     The same tables from the same analyses (:meth:`TraceQuery.memory_by_stage`
     and friends), so a script's report and the command's never disagree.
     ``limit`` caps the flagged tasks listed (0: all; negative: ValueError).
+    ``suggest`` adds ``--suggest``'s table (:meth:`TraceQuery.memory_suggestions`).
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0 (0 lists all), got {limit}")
+    style = Style(rich=False, color=False)
     with TraceQuery(trace, config) as q:
-        return _render(q, str(trace), Style(rich=False, color=False), limit)
+        text = _render(q, str(trace), style, limit)
+        if suggest:
+            text += "\n\n" + _render_suggestions(q, style, headroom, node_memory)
+        return text
+
+
+def _fmt_change(n: Any, style: Style) -> str:
+    text = fmt_bytes(n, style)
+    return text if is_missing(n) or int(n) <= 0 else "+" + text
+
+
+def _render_suggestions(
+    q: TraceQuery, style: Style, headroom: float, node_memory: int | None
+) -> str:
+    rows = records(q.memory_suggestions(headroom, node_memory))
+    node = next((r["node_memory_bytes"] for r in rows if r["node_memory_bytes"]), None)
+    if node_memory is not None:
+        where = f"a node's memory: {fmt_bytes(node, style)} (--node-memory)"
+    elif node is not None:
+        where = (
+            f"a node's memory: {fmt_bytes(node, style)}, the cluster's memory resource over "
+            "the nodes that ran tasks (--node-memory to set it)"
+        )
+    else:
+        where = "a node's memory: unknown (--node-memory to set it)"
+    title = f"Suggested memory= per stage: the largest peak x {headroom:g}, rounded up to a MiB"
+    footer = style.dim(
+        f"per node: how many such tasks fit one node by memory alone (CPUs may allow fewer); "
+        f"{where}"
+    )
+    return render_table(
+        title,
+        [
+            Column("id", "stage_id", fmt_count),
+            Column("stage", "stage", right=False),
+            Column("measured", "measured", fmt_count),
+            Column("peak max", "peak_max_bytes", fmt_bytes),
+            Column("peak of", "peak_basis", right=False),
+            Column("requested", "requested_bytes", fmt_bytes),
+            Column("suggested", "suggested_bytes", fmt_bytes),
+            Column("change", "change_bytes", _fmt_change),
+            Column("x request", "change_ratio", fmt_ratio),
+            Column("per node now", "tasks_per_node_now", fmt_count),
+            Column("per node", "tasks_per_node", fmt_count),
+            Column("note", "note", right=False),
+        ],
+        rows,
+        style,
+        empty="(no tasks in this trace)",
+    ) + "\n" + footer
 
 
 def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:

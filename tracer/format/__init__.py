@@ -1,5 +1,9 @@
 """The format layer: writes and reads native Perfetto protobuf traces.
 
+:class:`TraceWriter` writes; :func:`read_trace` reads a whole trace into a
+:class:`TraceModel`; :func:`scan_trace` hands the same events to a
+:class:`TraceVisitor` one at a time, for traces too big to hold.
+
 It knows nothing of Ray; everything else in tracer writes through it.
 """
 
@@ -15,6 +19,14 @@ from tracer.format.model import (
     TrackKind,
 )
 from tracer.format.reader import DEFAULT_MAX_BUNDLE_SIZE, read_trace
+from tracer.format.scan import (
+    DEFAULT_WINDOW_NS,
+    ScannedInstant,
+    ScannedSlice,
+    TraceScan,
+    TraceVisitor,
+    scan_trace,
+)
 from tracer.format.writer import (
     ChildOrdering,
     CounterSequence,
@@ -26,6 +38,7 @@ from tracer.format.writer import (
 
 __all__ = [
     "DEFAULT_MAX_BUNDLE_SIZE",
+    "DEFAULT_WINDOW_NS",
     "ChildOrdering",
     "CounterSample",
     "CounterSequence",
@@ -35,11 +48,16 @@ __all__ = [
     "Instant",
     "Problem",
     "ProblemKind",
+    "ScannedInstant",
+    "ScannedSlice",
     "Slice",
     "TraceModel",
+    "TraceScan",
+    "TraceVisitor",
     "TraceWriter",
     "Track",
     "TrackInfo",
     "TrackKind",
     "read_trace",
+    "scan_trace",
 ]

@@ -7,7 +7,8 @@ the :attr:`TraceModel.problems` list names what trace_processor would drop.
 
 How it reads:
 
-1. **Framing**, by hand: a file is a run of ``0A <varint length> <TracePacket>``
+1. **Framing** (:mod:`tracer.format._framing`), by hand, a chunk of the
+   file at a time: a file is a run of ``0A <varint length> <TracePacket>``
    records. A file that ends inside a record (a trace cut while it was being
    written) reads up to the last complete record and sets ``truncated``.
    ``compressed_packets`` bundles are inflated (zlib or gzip header, as
@@ -19,15 +20,16 @@ How it reads:
    than the file holds is a file cut while being written (``truncated``),
    unless it declares more than ``max_bundle_size``: no writer makes such a
    record, so that is damage (``bad_framing``), not a cut.
-2. **Tokenizing**, in file order, each record decoded with our generated
-   ``TracePacket`` class: per-sequence incremental state (interning, packet
-   defaults, SEQ_INCREMENTAL_STATE_CLEARED), clock snapshots and timestamp
-   conversion (delta timestamps on sequence-scoped incremental clocks such as
-   64, absolute ones on BOOTTIME or any clock a snapshot relates to the trace
+2. **Tokenizing** (:mod:`tracer.format._tokenizer`), in file order, each
+   record decoded with our generated ``TracePacket`` class: per-sequence
+   incremental state (interning, packet defaults,
+   SEQ_INCREMENTAL_STATE_CLEARED), clock snapshots and timestamp conversion
+   (delta timestamps on sequence-scoped incremental clocks such as 64,
+   absolute ones on BOOTTIME or any clock a snapshot relates to the trace
    clock), track descriptors, and counter events (which, as in
    trace_processor, need their counter descriptor *earlier* in the file).
-3. **Parsing**, in timestamp order (ties keep file order, as trace_processor's
-   sorter does): slices matched BEGIN to END on a stack per track uuid,
+3. **Parsing** (here), in timestamp order (ties keep file order, as
+   trace_processor's sorter does): slices matched BEGIN to END on a stack per track uuid,
    instants, and flows.
 
 The input is treated as untrusted: every declared length is checked against
@@ -45,39 +47,14 @@ from __future__ import annotations
 
 import gc
 import os
-import zlib
+from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, TypeVar
 
-from google.protobuf.message import DecodeError
-
-from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.errors import TraceReadError
-from tracer.format._wire import (
-    CHILD_ORDERING,
-    CLOCK_BOOTTIME,
-    COUNTER_UNITS,
-    INT64_MAX,
-    INT64_MIN,
-    TYPE_BEGIN,
-    TYPE_COUNTER,
-    TYPE_END,
-    TYPE_INSTANT,
-    UINT64_MAX,
-)
-from tracer.format.model import (
-    MAX_PROBLEMS_PER_KIND,
-    CounterSample,
-    Flow,
-    Instant,
-    Problem,
-    ProblemKind,
-    Slice,
-    TraceModel,
-    TrackInfo,
-    TrackKind,
-)
+from tracer.format._tokenizer import _BEGIN, _END, _Tokenizer
+from tracer.format.model import CounterSample, Flow, Instant, Slice, TraceModel
 
 __all__ = ["DEFAULT_MAX_BUNDLE_SIZE", "DEFAULT_MAX_INFLATED_SIZE", "read_trace"]
 
@@ -87,31 +64,6 @@ DEFAULT_MAX_BUNDLE_SIZE = 64 * 1024 * 1024
 #: The most bytes all bundles of a file may inflate to: a backstop (reading a
 #: GiB of packets takes this reader minutes and many GiB of memory).
 DEFAULT_MAX_INFLATED_SIZE = 1 << 30
-#: Blocks of empty records (``0a 00``, no-ops), largest first: a run of them is
-#: skipped in a few comparisons.
-_EMPTY_BLOCKS = [b"\x0a\x00" * (1 << k) for k in range(11, -1, -1)]
-
-_SEQ_INCREMENTAL_STATE_CLEARED = 1
-_SEQ_NEEDS_INCREMENTAL_STATE = 2
-
-_BOOTTIME = CLOCK_BOOTTIME
-_INT64_MIN = INT64_MIN
-_INT64_MAX = INT64_MAX
-_UINT64_MASK = UINT64_MAX
-
-_BEGIN = TYPE_BEGIN
-_END = TYPE_END
-_INSTANT = TYPE_INSTANT
-_COUNTER = TYPE_COUNTER
-
-#: trace_processor's kMaxNumExtraCounters.
-_MAX_EXTRA_COUNTERS = 8
-
-_COUNTER_UNITS = {value: name for name, value in COUNTER_UNITS.items()}
-_CHILD_ORDERING = {value: name for name, value in CHILD_ORDERING.items()}
-_MERGE_BEHAVIOR = {1: "by_track_name", 2: "none", 3: "by_sibling_merge_key"}
-
-_parse_packet = pb.TracePacket.FromString
 
 
 def read_trace(
@@ -133,17 +85,11 @@ def read_trace(
     bundle that inflates past ``max_bundle_size`` bytes or holds another
     bundle, or bundles that inflate to more than ``max_inflated_size`` bytes
     in all.
+
+    The model holds every slice, instant and counter: its memory grows with
+    the trace (a few hundred bytes per event). :func:`tracer.format.scan_trace`
+    hands them over one at a time instead.
     """
-    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
-        data = bytes(path_or_bytes)
-        what = "trace data"
-    else:
-        path = Path(path_or_bytes)
-        what = f"trace file {path}"
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
     if max_bundle_size < 1:
         raise ValueError(f"max_bundle_size must be positive, got {max_bundle_size}")
     if max_inflated_size < 1:
@@ -151,985 +97,74 @@ def read_trace(
     # The reader allocates millions of small acyclic objects; the cyclic
     # garbage collector would rescan them over and over (about half the time
     # of a large read), so it is paused while reading.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _Reader(data, what, strict, max_bundle_size, max_inflated_size).read()
-    finally:
-        if gc_was_enabled:
+    with paused_gc():
+        return read_source(
+            path_or_bytes,
+            lambda what: _ModelReader(what, strict, max_bundle_size, max_inflated_size),
+        ).model
+
+
+class paused_gc:
+    """Pause the cyclic garbage collector in a block (restored after)."""
+
+    def __enter__(self) -> None:
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
             gc.enable()
 
 
-class _Sequence:
-    """Incremental state of one packet sequence (trusted_packet_sequence_id)."""
-
-    __slots__ = (
-        "ann_names",
-        "categories",
-        "clock_default",
-        "counter_totals",
-        "extra_default",
-        "extra_double_default",
-        "generation",
-        "names",
-        "running",
-        "snapshot",
-        "strings",
-        "track_default",
-        "valid",
-    )
-
-    def __init__(self) -> None:
-        # trace_processor starts every sequence with its incremental state
-        # invalid: interned data is ignored until SEQ_INCREMENTAL_STATE_CLEARED.
-        self.valid = False
-        # Bumped whenever what a packet decodes to may change (clear, defaults,
-        # packet loss): cached decodings of an older generation are not reused.
-        self.generation = 0
-        self.names: dict[int, str] = {}
-        self.categories: dict[int, str] = {}
-        self.ann_names: dict[int, str] = {}
-        self.strings: dict[int, str] = {}
-        self.clock_default = 0
-        self.track_default: int | None = None
-        self.extra_default: list[int] = []
-        self.extra_double_default: list[int] = []
-        self.counter_totals: dict[int, int | float] = {}
-        # The last ClockSnapshot on this sequence: clock id -> (ns, unit
-        # multiplier, incremental); and the running value (ns) of its
-        # incremental clocks. A clear does not reset clocks; a snapshot does.
-        self.snapshot: dict[int, tuple[int, int, bool]] = {}
-        self.running: dict[int, int] = {}
-
-    def clear(self) -> None:
-        self.valid = True
-        self.generation += 1
-        self.names = {}
-        self.categories = {}
-        self.ann_names = {}
-        self.strings = {}
-        self.clock_default = 0
-        self.track_default = None
-        self.extra_default = []
-        self.extra_double_default = []
-        self.counter_totals = {}
+_R = TypeVar("_R", bound=_Tokenizer)
 
 
-class _Template:
-    """What a simple, problem-free packet decoded to, apart from its timestamp.
+def read_source(
+    path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    make: Callable[[str], _R],
+) -> _R:
+    """Run the reader ``make(what)`` over a file (chunk by chunk) or bytes; returns the reader.
 
-    The writer repeats byte-identical packets (same track, name, category; only
-    the timestamp differs), so the reader caches their decoding by the bytes
-    around the timestamp field (the packet's last field, or its first in
-    traces from earlier versions). It is reused only on the same sequence
-    generation: interned tables only grow (a redefinition is ignored), so a
-    lookup that succeeded once gives the same answer until the next clear.
+    Raises :class:`~tracer.errors.TraceReadError` for a file that cannot be read.
     """
-
-    __slots__ = (
-        "category",
-        "clock",
-        "generation",
-        "kind",
-        "name",
-        "seq",
-        "seq_id",
-        "uuid",
-        "value",
-    )
-
-    def __init__(
-        self,
-        seq: _Sequence,
-        seq_id: int,
-        clock: int,
-        kind: int,
-        uuid: int,
-        name: str | None,
-        category: str | None,
-        value: int | float,
-    ) -> None:
-        self.seq = seq
-        self.seq_id = seq_id
-        self.generation = seq.generation
-        self.clock = clock
-        self.kind = kind
-        self.uuid = uuid
-        self.name = name
-        self.category = category
-        self.value = value
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        reader = make("trace data")
+        reader.read_bytes(bytes(path_or_bytes))
+    else:
+        path = Path(path_or_bytes)
+        what = f"trace file {path}"
+        reader = make(what)
+        try:
+            f = path.open("rb")
+        except OSError as exc:
+            raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
+        with f:
+            try:
+                reader.read_file(f)
+            except OSError as exc:  # a read error after the open (EIO, a folder...)
+                raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
+    reader.finish()
+    return reader
 
 
-#: At most this many cached packet decodings (see _Template).
-_TEMPLATE_LIMIT = 65536
-#: The TracePacket fields a cacheable packet may have.
-_SIMPLE_PACKET_FIELDS = frozenset(
-    {"timestamp", "timestamp_clock_id", "trusted_packet_sequence_id", "track_event"}
-)
-#: The TrackEvent fields a cacheable event may have.
-_SIMPLE_EVENT_FIELDS = frozenset(
-    {
-        "type",
-        "track_uuid",
-        "name",
-        "name_iid",
-        "categories",
-        "category_iids",
-        "counter_value",
-        "double_counter_value",
-    }
-)
+class _ModelReader(_Tokenizer):
+    """Keeps every event, then sorts them all and builds the :class:`TraceModel`."""
 
+    model: TraceModel
 
-class _Skip(Exception):
-    """Drops the packet being tokenized (its problem is already recorded)."""
-
-
-# A tokenized event, sorted by its first item:
-# (ts, type, track uuid, name, category, args, flow ids, terminating flow ids, where)
-_Event = tuple[
-    int,
-    int,
-    int,
-    str | None,
-    str | None,
-    dict[str, Any] | None,
-    tuple[int, ...],
-    tuple[int, ...],
-    tuple[int, int, int | None],
-]
-
-
-class _Reader:
-    def __init__(
-        self, data: bytes, what: str, strict: bool, max_bundle_size: int, max_inflated: int
-    ) -> None:
-        self.data = data
-        self.what = what
-        self.strict = strict
-        self.max_bundle_size = max_bundle_size
-        self.max_inflated = max_inflated
-        self.inflated_bytes = 0  # by the bundles so far
-        self.model = TraceModel()
-        self.tracks = self.model.tracks
-        self.sequences: dict[int, _Sequence] = {}
-        self.events: list[_Event] = []
-        self.counters: list[tuple[int, CounterSample]] = []
-        self.early_counters: list[tuple[int, tuple[int, int, int | None]]] = []
-        self.trace_clock = _BOOTTIME
-        self.converted_any = False
-        self.global_snapshots: list[dict[int, tuple[int, int]]] = []
-        self.latest_ts = 0
-        self.problem_total = 0
-        self.templates: dict[bytes, _Template] = {}
-        self.track_where: dict[int, tuple[int, int, int | None]] = {}
-        self.packet_index = 0
-        # Where the packet being read is: (packet index, file offset, bundle offset).
-        self.where: tuple[int, int, int | None] = (0, 0, None)
-
-    # ------------------------------------------------------------ problems
-
-    def problem(
-        self, kind: ProblemKind, message: str, where: tuple[int, int, int | None] | None = None
-    ) -> None:
-        index, offset, inner = self.where if where is None else where
-        found = Problem(kind, message, index, offset, inner)
-        self.problem_total += 1
-        if self.strict:
-            raise TraceReadError(f"{self.what}: {found}")
-        counts = self.model.problem_counts
-        seen = counts.get(kind, 0)
-        counts[kind] = seen + 1
-        if seen < MAX_PROBLEMS_PER_KIND:
-            self.model.problems.append(found)
-
-    # ------------------------------------------------------------- framing
-
-    def read(self) -> TraceModel:
-        data = self.data
-        if not data:
-            raise TraceReadError(f"{self.what}: empty file (0 bytes), not a Perfetto trace")
-        if data[0] != 0x0A:
-            raise TraceReadError(f"{self.what}: not a Perfetto protobuf trace ({_sniff(data)})")
-        self.read_records(data, 0, None)
+    def finish(self) -> None:
         self.finish_tokenizing()
-        self.parse_events()
-        self.model.packet_count = self.packet_index
-        self.model.trace_clock = self.trace_clock
-        return self.model
-
-    def read_records(self, data: bytes, file_offset: int, bundle_offset: int | None) -> None:
-        """Read the ``Trace.packet`` records of the file, or of an inflated bundle.
-
-        ``bundle_offset`` is None for the file itself; inside a bundle,
-        ``file_offset`` is the bundle record's offset in the file.
-        """
-        in_bundle = bundle_offset is not None
-        end = len(data)
-        pos = 0
-        while pos < end:
-            if data[pos] != 0x0A:
-                if not in_bundle and pos == 0:
-                    raise TraceReadError(
-                        f"{self.what}: not a Perfetto protobuf trace ({_sniff(data)})"
-                    )
-                message = f"byte 0x{data[pos]:02x} where a TracePacket record (0x0a) should start"
-                if in_bundle:
-                    self.problem("bad_bundle", message, (self.packet_index, file_offset, pos))
-                else:
-                    self.problem(
-                        "bad_framing",
-                        message + "; the rest is not read",
-                        (self.packet_index, pos, None),
-                    )
-                return
-            if data[pos + 1 : pos + 2] == b"\x00":  # empty records: no-ops
-                start = pos
-                for block in _EMPTY_BLOCKS:
-                    while data.startswith(block, pos):
-                        pos += len(block)
-                self.packet_index += (pos - start) // 2
-                continue
-            q = pos + 1
-            length = 0
-            shift = 0
-            while True:
-                if q >= end:
-                    self.cut(data, pos, None, file_offset, bundle_offset)
-                    return
-                byte = data[q]
-                q += 1
-                length |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
-                if shift >= 70:
-                    message = "a record length varint longer than 10 bytes"
-                    if in_bundle:
-                        self.problem("bad_bundle", message, (self.packet_index, file_offset, pos))
-                    elif pos == 0:
-                        raise TraceReadError(
-                            f"{self.what}: not a Perfetto protobuf trace ({message})"
-                        )
-                    else:
-                        self.problem("bad_framing", message, (self.packet_index, pos, None))
-                    return
-            if length > end - q:
-                if length > self.max_bundle_size and not in_bundle:
-                    if pos == 0:
-                        raise TraceReadError(
-                            f"{self.what}: not a Perfetto protobuf trace (its first record "
-                            f"declares {length} bytes, more than the file holds)"
-                        )
-                    self.problem(
-                        "bad_framing",
-                        f"a record that declares {length} bytes, more than the file holds and "
-                        f"more than max_bundle_size: damage, not a cut; the rest is not read",
-                        (self.packet_index, pos, None),
-                    )
-                    return
-                self.cut(data, pos, q, file_offset, bundle_offset)
-                return
-            start = pos
-            stop = pos = q + length
-            if in_bundle:
-                self.where = (self.packet_index, file_offset, start)
-            else:
-                self.where = (self.packet_index, start, None)
-            # The fast path: a packet whose bytes apart from its timestamp
-            # field were seen before (see _Template). The writer puts the
-            # timestamp last; traces from before it did put it first.
-            key = None
-            raw = 0
-            if length > 2 and data[q] == 0x40:
-                j = q + 1
-                shift = 0
-                while j < stop and shift < 64:
-                    byte = data[j]
-                    j += 1
-                    raw |= (byte & 0x7F) << shift
-                    if byte < 0x80:
-                        key = data[j:stop]
-                        break
-                    shift += 7
-            elif length > 3 and (last := data[stop - 1]) < 0x80:
-                # Back over the varint's continuation bytes to its tag (1-3
-                # bytes, a gap under 2 ms, unrolled: this runs for every packet).
-                byte = data[stop - 2]
-                if byte == 0x40:
-                    raw = last
-                    key = data[q : stop - 2]
-                elif byte >= 0x80:
-                    raw = (last << 7) | (byte & 0x7F)
-                    j = stop - 3
-                    while j > q and data[j] >= 0x80 and stop - j <= 10:
-                        raw = (raw << 7) | (data[j] & 0x7F)
-                        j -= 1
-                    if data[j] == 0x40:
-                        key = data[q:j]
-            if key is not None:
-                template = self.templates.get(key)
-                if template is not None and template.generation == template.seq.generation:
-                    self.packet_index += 1
-                    self.replay(template, raw & _UINT64_MASK)  # as protobuf truncates it
-                    continue
-            self.record(data[q:stop], start == 0 and not in_bundle, key, raw)
-
-    def cut(
-        self,
-        data: bytes,
-        pos: int,
-        body: int | None,
-        file_offset: int,
-        bundle_offset: int | None,
-    ) -> None:
-        """The data ends inside the record at ``pos`` (its payload starts at ``body``)."""
-        if bundle_offset is not None:
-            self.problem(
-                "bad_bundle",
-                f"the inflated bundle ends inside a packet ({len(data) - pos} bytes left over)",
-                (self.packet_index, file_offset, pos),
-            )
-            return
-        if pos == 0 and body is not None and not _plausible_prefix(data, body):
-            raise TraceReadError(
-                f"{self.what}: not a Perfetto protobuf trace (its first record is "
-                "neither complete nor the start of a TracePacket)"
-            )
-        self.model.truncated = True
-
-    def record(self, record: bytes, first: bool, key: bytes | None, raw: int) -> None:
-        """Decode and tokenize one record; ``key`` and ``raw`` are its bytes apart
-        from a leading or trailing timestamp field and that timestamp (key None
-        if it has neither)."""
-        try:
-            packet = _parse_packet(record)
-        except DecodeError as exc:
-            if first:
-                raise TraceReadError(
-                    f"{self.what}: not a Perfetto protobuf trace (its first record does not "
-                    f"decode as a TracePacket: {exc})"
-                ) from None
-            self.packet_index += 1
-            self.problem("bad_packet", f"a record that does not decode as a TracePacket: {exc}")
-            return
-        if first and record and not packet.ListFields():
-            raise TraceReadError(
-                f"{self.what}: not a Perfetto protobuf trace (its first record holds no "
-                "TracePacket field)"
-            )
-        if packet.HasField("compressed_packets"):
-            _, offset, inner = self.where
-            if inner is not None:
-                raise TraceReadError(
-                    f"{self.what}: a compressed bundle inside a compressed bundle (file offset "
-                    f"{offset}, bundle offset {inner}); trace_processor cannot read that"
-                )
-            self.bundle(packet.compressed_packets, offset)
-            return
-        self.packet_index += 1
-        problems = self.problem_total
-        events = len(self.events)
-        counters = len(self.counters)
-        try:
-            self.tokenize(packet)
-        except _Skip:
-            return
-        if (
-            key is not None
-            and self.problem_total == problems
-            and len(self.templates) < _TEMPLATE_LIMIT
-        ):
-            self.remember(packet, key, raw, events, counters)
-
-    def remember(
-        self, packet: pb.TracePacket, key: bytes, raw: int, events: int, counters: int
-    ) -> None:
-        """Cache what ``packet`` decoded to, if it is simple enough (see _Template)."""
-        if packet.timestamp != raw or packet.WhichOneof("data") != "track_event":
-            return
-        # Cheapest checks first: most packets that fail have args (not cacheable).
-        event = packet.track_event
-        if any(f.name not in _SIMPLE_EVENT_FIELDS for f, _ in event.ListFields()):
-            return
-        if any(f.name not in _SIMPLE_PACKET_FIELDS for f, _ in packet.ListFields()):
-            return
-        if _parse_packet(key).HasField("timestamp"):
-            return  # a second timestamp field (the last one wins) would not be replayed
-        seq_id = packet.trusted_packet_sequence_id
-        seq = self.sequences[seq_id]
-        clock = packet.timestamp_clock_id or seq.clock_default
-        if len(self.events) == events + 1:
-            _, kind, uuid, name, category, _, _, _, _ = self.events[-1]
-            template = _Template(seq, seq_id, clock, kind, uuid, name, category, 0)
-        elif len(self.counters) == counters + 1:
-            sample = self.counters[-1][1]
-            if self.tracks[sample.track_uuid].is_incremental:
-                return
-            template = _Template(
-                seq, seq_id, clock, _COUNTER, sample.track_uuid, None, None, sample.value
-            )
-        else:
-            return
-        self.templates[key] = template
-
-    def replay(self, template: _Template, raw: int) -> None:
-        """Tokenize a packet from its cached decoding and its timestamp."""
-        try:
-            ts = self.convert(raw, template.clock, template.seq_id, template.seq)
-        except _Skip:
-            return
-        if template.kind == _COUNTER:
-            self.counters.append((ts, CounterSample(template.uuid, ts, template.value)))
-        else:
-            self.events.append(
-                (
-                    ts,
-                    template.kind,
-                    template.uuid,
-                    template.name,
-                    template.category,
-                    None,
-                    (),
-                    (),
-                    self.where,
-                )
-            )
-
-    def bundle(self, payload: bytes, offset: int) -> None:
-        # 32 + MAX_WBITS: a zlib or gzip header, as trace_processor accepts.
-        inflater = zlib.decompressobj(wbits=32 + 15)
-        limit = min(self.max_bundle_size, self.max_inflated - self.inflated_bytes)
-        try:
-            inflated = inflater.decompress(payload, limit + 1)
-        except zlib.error as exc:
-            self.problem(
-                "bad_bundle",
-                f"a compressed bundle that does not inflate: {exc}",
-                (self.packet_index, offset, None),
-            )
-            return
-        if len(inflated) > limit:
-            if limit == self.max_bundle_size:
-                raise TraceReadError(
-                    f"{self.what}: the compressed bundle at offset {offset} inflates to more "
-                    f"than {limit} bytes (the limit is max_bundle_size); refusing a possible "
-                    "zlib bomb"
-                )
-            raise TraceReadError(
-                f"{self.what}: the compressed bundles up to offset {offset} inflate to more "
-                f"than {self.max_inflated} bytes in all (the limit is max_inflated_size); "
-                "refusing a possible zlib bomb"
-            )
-        self.inflated_bytes += len(inflated)
-        if not inflater.eof:
-            self.problem(
-                "bad_bundle",
-                "a compressed bundle whose zlib stream is incomplete",
-                (self.packet_index, offset, None),
-            )
-            return
-        self.read_records(inflated, offset, 0)
-
-    # ---------------------------------------------------------- tokenizing
-
-    def sequence_of(self, seq_id: int) -> _Sequence:
-        seq = self.sequences.get(seq_id)
-        if seq is None:
-            seq = self.sequences[seq_id] = _Sequence()
-        return seq
-
-    def tokenize(self, packet: pb.TracePacket) -> None:
-        has = packet.HasField
-        seq_id = packet.trusted_packet_sequence_id
-        seq = self.sequence_of(seq_id) if seq_id else None
-        flags = packet.sequence_flags
-        # Order as in trace_processor: clear, then defaults, interned data,
-        # the clock snapshot, and only then the packet's own timestamp.
-        if seq is not None:
-            if flags & _SEQ_INCREMENTAL_STATE_CLEARED or packet.incremental_state_cleared:
-                seq.clear()
-            elif packet.previous_packet_dropped:
-                seq.valid = False
-                seq.generation += 1
-        if has("trace_packet_defaults"):
-            if seq is None:
-                self.problem(
-                    "missing_sequence_id",
-                    "trace_packet_defaults without a trusted_packet_sequence_id",
-                )
-            else:
-                defaults = packet.trace_packet_defaults
-                seq.generation += 1
-                seq.clock_default = defaults.timestamp_clock_id
-                event_defaults = defaults.track_event_defaults
-                seq.track_default = (
-                    event_defaults.track_uuid
-                    if defaults.HasField("track_event_defaults")
-                    and event_defaults.HasField("track_uuid")
-                    else None
-                )
-                seq.extra_default = list(event_defaults.extra_counter_track_uuids)
-                seq.extra_double_default = list(event_defaults.extra_double_counter_track_uuids)
-        if has("interned_data"):
-            if seq is None:
-                self.problem(
-                    "missing_sequence_id", "interned_data without a trusted_packet_sequence_id"
-                )
-            elif not seq.valid:
-                self.problem(
-                    "not_cleared",
-                    f"interned_data on sequence {seq_id} before SEQ_INCREMENTAL_STATE_CLEARED "
-                    "(or after a packet loss); trace_processor ignores it",
-                )
-            else:
-                self.intern(seq, packet.interned_data)
-        which = packet.WhichOneof("data")
-        if which == "clock_snapshot":
-            self.clock_snapshot(packet.clock_snapshot, seq_id, seq)
-            return
-        if flags & _SEQ_NEEDS_INCREMENTAL_STATE and (seq is None or not seq.valid):
-            self.problem(
-                "not_cleared",
-                "a packet flagged SEQ_NEEDS_INCREMENTAL_STATE while the sequence's incremental "
-                "state is invalid; trace_processor drops it",
-            )
-            return
-        if which == "track_event":
-            if seq is None:
-                self.problem(
-                    "missing_sequence_id",
-                    "a TrackEvent without a trusted_packet_sequence_id; dropped",
-                )
-                return
-            if not has("timestamp"):
-                self.problem("bad_timestamp", "a TrackEvent without a timestamp; dropped")
-                return
-            ts = self.timestamp(packet, seq_id, seq)
-            self.track_event(packet.track_event, ts, seq)
-            return
-        if has("timestamp"):
-            self.timestamp(packet, seq_id, seq)
-        if which == "track_descriptor":
-            self.track_descriptor(packet.track_descriptor)
-
-    def intern(self, seq: _Sequence, interned: pb.InternedData) -> None:
-        for name in interned.event_names:
-            self.define(seq.names, name.iid, _text(name.name), "event name")
-        for category in interned.event_categories:
-            self.define(seq.categories, category.iid, _text(category.name), "category")
-        for ann in interned.debug_annotation_names:
-            self.define(seq.ann_names, ann.iid, _text(ann.name), "annotation name")
-        for value in interned.debug_annotation_string_values:
-            self.define(seq.strings, value.iid, _text(value.str), "annotation string value")
-
-    def define(self, table: dict[int, str], iid: int, value: str, what: str) -> None:
-        old = table.get(iid)
-        if old is None:
-            table[iid] = value
-        elif old != value:
-            self.problem(
-                "iid_redefined",
-                f"{what} iid {iid} redefined as {value!r} (it was {old!r}); the first one wins",
-            )
-
-    def lookup(self, table: dict[int, str], iid: int, seq: _Sequence, what: str) -> str | None:
-        value = table.get(iid)
-        if value is None:
-            if seq.valid:
-                self.problem("unknown_iid", f"{what} iid {iid} is not defined on its sequence")
-            else:
-                self.problem(
-                    "not_cleared",
-                    f"{what} iid {iid} used before the sequence's incremental state was cleared",
-                )
-        return value
-
-    # ---------------------------------------------------------------- clocks
-
-    def clock_snapshot(
-        self, snapshot: pb.ClockSnapshot, seq_id: int, seq: _Sequence | None
-    ) -> None:
-        clocks: dict[int, tuple[int, int, bool]] = {}
-        global_clocks: dict[int, tuple[int, int]] = {}
-        for clock in snapshot.clocks:
-            clock_id = clock.clock_id
-            multiplier = clock.unit_multiplier_ns or 1
-            ns = clock.timestamp * multiplier
-            if 64 <= clock_id < 128:
-                if seq is None:
-                    self.problem(
-                        "bad_timestamp",
-                        f"a ClockSnapshot with sequence-scoped clock {clock_id} but no sequence "
-                        "id (a fatal error in trace_processor)",
-                    )
-                    continue
-                clocks[clock_id] = (ns, multiplier, clock.is_incremental)
-            else:
-                clocks[clock_id] = (ns, multiplier, False)
-                global_clocks[clock_id] = (ns, multiplier)
-        if not self.converted_any:
-            if snapshot.primary_trace_clock:
-                self.trace_clock = int(snapshot.primary_trace_clock)
-            elif _BOOTTIME in global_clocks and 11 not in global_clocks:
-                self.trace_clock = _BOOTTIME
-        if global_clocks:
-            self.global_snapshots.append(global_clocks)
-        if seq is not None and seq_id:
-            seq.snapshot = clocks
-            seq.running = {cid: ns for cid, (ns, _, incr) in clocks.items() if incr}
-
-    def timestamp(self, packet: pb.TracePacket, seq_id: int, seq: _Sequence | None) -> int:
-        """The packet's timestamp in trace time (advancing incremental clocks); or _Skip."""
-        clock = packet.timestamp_clock_id
-        if not clock and seq is not None:
-            clock = seq.clock_default
-        return self.convert(packet.timestamp, clock, seq_id, seq)
-
-    def convert(self, raw: int, clock: int, seq_id: int, seq: _Sequence | None) -> int:
-        """``raw`` on ``clock`` (0: none) in trace time; raises _Skip if it cannot be."""
-        self.converted_any = True
-        if not clock or clock == self.trace_clock:
-            ts = raw
-        elif 64 <= clock < 128:
-            if seq is None:
-                self.fail_timestamp(f"sequence-scoped clock {clock} without a sequence id")
-            entry = seq.snapshot.get(clock)
-            if entry is None:
-                self.fail_timestamp(f"clock {clock} has no ClockSnapshot on sequence {seq_id}")
-            base_ns, multiplier, incremental = entry
-            if incremental:
-                value = seq.running[clock] + raw * multiplier
-                seq.running[clock] = value
-            else:
-                value = raw * multiplier
-            anchor = self.snapshot_trace_time(seq.snapshot)
-            if anchor is None:
-                self.fail_timestamp(
-                    f"the ClockSnapshot of clock {clock} has no path to the trace clock "
-                    f"{self.trace_clock}"
-                )
-            ts = anchor + value - base_ns
-        else:
-            converted = self.global_to_trace(clock, raw)
-            if converted is None:
-                self.fail_timestamp(
-                    f"no ClockSnapshot relates clock {clock} to the trace clock {self.trace_clock}"
-                )
-            ts = converted
-        if not _INT64_MIN <= ts <= _INT64_MAX:
-            self.fail_timestamp(f"timestamp {ts} does not fit in int64")
-        if ts > self.latest_ts:
-            self.latest_ts = ts
-        return ts
-
-    def fail_timestamp(self, message: str) -> NoReturn:
-        self.problem("bad_timestamp", f"{message}; the packet is dropped")
-        raise _Skip
-
-    def snapshot_trace_time(self, snapshot: dict[int, tuple[int, int, bool]]) -> int | None:
-        entry = snapshot.get(self.trace_clock)
-        if entry is not None:
-            return entry[0]
-        for clock_id, (ns, multiplier, _) in snapshot.items():
-            if not 64 <= clock_id < 128:
-                converted = self.global_to_trace(clock_id, ns // multiplier)
-                if converted is not None:
-                    return converted
-        return None
-
-    def global_to_trace(self, clock: int, raw: int) -> int | None:
-        target = self.trace_clock
-        for snapshot in reversed(self.global_snapshots):
-            entry = snapshot.get(clock)
-            anchor = snapshot.get(target)
-            if entry is not None and anchor is not None:
-                return anchor[0] + raw * entry[1] - entry[0]
-        return None
-
-    # ---------------------------------------------------------------- tracks
-
-    def track_descriptor(self, desc: pb.TrackDescriptor) -> None:
-        has = desc.HasField
-        if not has("uuid"):
-            self.problem("bad_descriptor", "a TrackDescriptor without a uuid; ignored")
-            return
-        uuid = desc.uuid
-        if uuid == 0:
-            # The root descriptor: only its ordering fields matter.
-            if desc.process_ordering:
-                self.model.process_ordering = _ordering(desc.process_ordering)
-            if desc.thread_ordering:
-                self.model.thread_ordering = _ordering(desc.thread_ordering)
-            return
-        name = (
-            _text(desc.name)
-            if has("name")
-            else (_text(desc.static_name) if has("static_name") else None)
-        )
-        kind: TrackKind = "track"
-        pid = tid = None
-        unit = None
-        unit_multiplier = 1
-        is_incremental = False
-        y_axis = None
-        if has("thread"):
-            thread = desc.thread
-            if not (thread.HasField("pid") and thread.HasField("tid")):
-                self.problem(
-                    "bad_descriptor", f"thread track {uuid} without both pid and tid; ignored"
-                )
-                return
-            kind, pid, tid = "thread", thread.pid, thread.tid
-            if thread.HasField("thread_name"):
-                name = _text(thread.thread_name)
-        elif has("process"):
-            process = desc.process
-            if not process.HasField("pid"):
-                self.problem("bad_descriptor", f"process track {uuid} without a pid; ignored")
-                return
-            kind, pid = "process", process.pid
-            if process.HasField("process_name"):
-                name = _text(process.process_name)
-        elif has("counter"):
-            counter = desc.counter
-            kind = "counter"
-            if counter.type == 1:
-                unit = "ns"
-            elif counter.type == 2:
-                unit = "count"
-            elif counter.unit in _COUNTER_UNITS:
-                unit = _COUNTER_UNITS[counter.unit]
-            elif counter.HasField("unit_name"):
-                unit = _text(counter.unit_name)
-            if counter.unit_multiplier > 0:
-                unit_multiplier = counter.unit_multiplier
-            is_incremental = counter.is_incremental
-            y_axis = (
-                _text(counter.y_axis_share_key) if counter.HasField("y_axis_share_key") else None
-            )
-        info = TrackInfo(
-            uuid=uuid,
-            name=name,
-            kind=kind,
-            parent_uuid=desc.parent_uuid if has("parent_uuid") else None,
-            pid=pid,
-            tid=tid,
-            unit=unit,
-            unit_multiplier=unit_multiplier,
-            is_incremental=is_incremental,
-            sibling_order_rank=desc.sibling_order_rank if has("sibling_order_rank") else None,
-            child_ordering=_CHILD_ORDERING.get(desc.child_ordering),
-            sibling_merge_behavior=_MERGE_BEHAVIOR.get(desc.sibling_merge_behavior),
-            description=_text(desc.description) if has("description") else None,
-            y_axis_share_key=y_axis,
-        )
-        old = self.tracks.get(uuid)
-        if old is None:
-            self.tracks[uuid] = info
-            self.track_where[uuid] = self.where
-        elif old != info:
-            self.problem(
-                "track_redefined",
-                f"track {uuid} described again differently ({old.name!r} -> {info.name!r}); "
-                "the first description is kept",
-            )
-
-    # ---------------------------------------------------------------- events
-
-    def track_event(self, event: pb.TrackEvent, ts: int, seq: _Sequence) -> None:
-        kind = event.type
-        if event.HasField("track_uuid"):
-            uuid = event.track_uuid
-        elif seq.track_default is not None:
-            uuid = seq.track_default
-        else:
-            self.problem(
-                "undeclared_track", "a TrackEvent with no track_uuid and no default track; dropped"
-            )
-            return
-        if kind not in (_BEGIN, _END, _INSTANT, _COUNTER):
-            self.problem("unsupported_event", f"a TrackEvent of type {kind}; ignored")
-            return
-        if kind == _COUNTER or event.extra_counter_values or event.extra_double_counter_values:
-            samples = self.counter_samples(event, kind, uuid, seq)
-            if samples is None:
-                return
-            counters = self.counters
-            for sample_uuid, value in samples:
-                counters.append((ts, CounterSample(sample_uuid, ts, value)))
-            if kind == _COUNTER:
-                return
-        name: str | None = None
-        iid = event.name_iid
-        if iid:
-            name = self.lookup(seq.names, iid, seq, "event name")
-        elif event.HasField("name"):
-            name = _text(event.name)
-        category: str | None = None
-        if event.category_iids or event.categories:
-            parts = [
-                c
-                for c in (
-                    self.lookup(seq.categories, i, seq, "category") for i in event.category_iids
-                )
-                if c is not None
-            ]
-            parts.extend(_text(c) for c in event.categories)
-            category = ",".join(parts) if parts else None
-        args = None
-        if event.debug_annotations:
-            args = {}
-            for ann in event.debug_annotations:
-                key = self.annotation_name(ann, seq)
-                if key is not None:
-                    args[key] = self.annotation_value(ann, seq)
-        flows: tuple[int, ...] = tuple(event.flow_ids or event.flow_ids_old)
-        terminating: tuple[int, ...] = tuple(
-            event.terminating_flow_ids or event.terminating_flow_ids_old
-        )
-        self.events.append((ts, kind, uuid, name, category, args, flows, terminating, self.where))
-
-    def counter_samples(
-        self, event: pb.TrackEvent, kind: int, uuid: int, seq: _Sequence
-    ) -> list[tuple[int, int | float]] | None:
-        """The counter values an event carries (its own, for a COUNTER, and its
-        extra counters), as (track uuid, value); None if trace_processor drops
-        the whole event."""
-        samples: list[tuple[int, int | float]] = []
-        if kind == _COUNTER:
-            which = event.WhichOneof("counter_value_field")
-            raw: int | float
-            if which == "counter_value":
-                raw = event.counter_value
-            elif which == "double_counter_value":
-                raw = event.double_counter_value
-            else:
-                self.problem(
-                    "counter_missing_value",
-                    f"a counter event without a value on track {uuid}; dropped",
-                )
-                return None
-            value = self.counter_value(uuid, raw, seq, "a counter event")
-            if value is None:
-                return None
-            samples.append((uuid, value))
-        ints = event.extra_counter_values
-        doubles = event.extra_double_counter_values
-        if not ints and not doubles:
-            return samples
-        index = 0
-        for values, own, default in (
-            (ints, event.extra_counter_track_uuids, seq.extra_default),
-            (doubles, event.extra_double_counter_track_uuids, seq.extra_double_default),
-        ):
-            if not values:
-                continue
-            uuids = list(own) if own else default
-            if len(values) > len(uuids):
-                self.problem(
-                    "extra_counter_mismatch",
-                    f"{len(values)} extra counter values but {len(uuids)} extra counter track "
-                    "uuids (in the event or its sequence's defaults); the event is dropped",
-                )
-                return None
-            if index + len(values) > _MAX_EXTRA_COUNTERS:
-                self.problem(
-                    "extra_counter_mismatch",
-                    f"more than {_MAX_EXTRA_COUNTERS} extra counter values; the event is dropped",
-                )
-                return None
-            index += len(values)
-            for extra_uuid, raw_extra in zip(uuids, values, strict=False):  # extra uuids unused
-                value = self.counter_value(extra_uuid, raw_extra, seq, "an extra counter value")
-                if value is None:
-                    return None
-                samples.append((extra_uuid, value))
-        return samples
-
-    def counter_value(
-        self, uuid: int, raw: int | float, seq: _Sequence, what: str
-    ) -> int | float | None:
-        """``raw`` as trace_processor stores it (unit_multiplier, incremental
-        counters); None (and a problem) if ``uuid`` is not a counter track yet."""
-        track = self.tracks.get(uuid)
-        if track is None:
-            # Resolved at the end: a descriptor later in the file does not help.
-            self.early_counters.append((uuid, self.where))
-            return None
-        if track.kind != "counter":
-            self.problem(
-                "counter_on_non_counter_track",
-                f"{what} on {track.kind} track {uuid} ({track.name!r}); the event is dropped",
-            )
-            return None
-        value = raw * track.unit_multiplier if track.unit_multiplier != 1 else raw
-        if track.is_incremental:
-            value = seq.counter_totals.get(uuid, 0) + value
-            seq.counter_totals[uuid] = value
-        return value
-
-    def annotation_name(self, ann: pb.DebugAnnotation, seq: _Sequence) -> str | None:
-        iid = ann.name_iid
-        if iid:
-            return self.lookup(seq.ann_names, iid, seq, "annotation name")
-        return _text(ann.name)
-
-    def annotation_value(self, ann: pb.DebugAnnotation, seq: _Sequence) -> Any:
-        which = ann.WhichOneof("value")
-        if which is None:
-            if ann.dict_entries:
-                out: dict[str, Any] = {}
-                for entry in ann.dict_entries:
-                    key = self.annotation_name(entry, seq)
-                    if key is not None:
-                        out[key] = self.annotation_value(entry, seq)
-                return out
-            if ann.array_values:
-                return [self.annotation_value(item, seq) for item in ann.array_values]
-            return None
-        if which == "string_value":
-            return _text(ann.string_value)
-        if which == "int_value":
-            return ann.int_value
-        if which == "bool_value":
-            return ann.bool_value
-        if which == "double_value":
-            return ann.double_value
-        if which == "uint_value":
-            return ann.uint_value
-        if which == "string_value_iid":
-            return self.lookup(seq.strings, ann.string_value_iid, seq, "annotation string value")
-        if which == "pointer_value":
-            return ann.pointer_value
-        return _text(ann.legacy_json_value)
-
-    def finish_tokenizing(self) -> None:
-        for uuid, where in self.early_counters:
-            if uuid in self.tracks:
-                self.problem(
-                    "counter_before_descriptor",
-                    f"a counter event on track {uuid} before its descriptor; trace_processor "
-                    "drops it (counter descriptors must come first in the file)",
-                    where,
-                )
-            else:
-                self.problem(
-                    "undeclared_track",
-                    f"a counter event on track {uuid}, which has no descriptor",
-                    where,
-                )
-        for track in self.tracks.values():
-            parent = track.parent_uuid
-            if parent and parent not in self.tracks:
-                self.problem(
-                    "undeclared_track",
-                    f"track {track.uuid} ({track.name!r}) has parent {parent}, which has no "
-                    "descriptor",
-                    self.track_where.get(track.uuid),
-                )
+        model = self.model = TraceModel(tracks=self.tracks)
         self.counters.sort(key=itemgetter(0))
-        self.model.counters = [sample for _, sample in self.counters]
+        model.counters = [CounterSample(uuid, ts, value) for ts, uuid, value in self.counters]
+        self.parse_events()
+        model.problems = self.problems
+        model.problem_counts = self.problem_counts
+        model.truncated = self.truncated
+        model.packet_count = self.packet_index
+        model.trace_clock = self.trace_clock
+        model.process_ordering = self.process_ordering
+        model.thread_ordering = self.thread_ordering
 
     # --------------------------------------------------------------- parsing
 
@@ -1143,7 +178,7 @@ class _Reader:
         active_flows: dict[int, int] = {}
         flows = self.model.flows
         reported: set[int] = set()
-        for ts, kind, uuid, name, category, args, out, into, where in events:
+        for ts, _, kind, uuid, name, category, args, out, into, where in events:
             track = tracks.get(uuid)
             if track is None or track.kind == "counter":
                 if uuid not in reported:
@@ -1283,84 +318,10 @@ def _matching_open_slice(
     return None
 
 
-def _ordering(value: int) -> str:
-    return "explicit" if value == 1 else f"unknown({value})"
-
-
-def _text(value: str | bytes) -> str:
-    """A protobuf string as ``str``: upb hands back ``bytes`` for invalid UTF-8."""
-    if isinstance(value, str):
-        return value
-    try:
-        return value.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return value.decode("utf-8", "replace")
-
-
-def _plausible_prefix(data: bytes, pos: int) -> bool:
-    """Whether ``data[pos:]`` can be the start of a serialized TracePacket cut short."""
-    end = len(data)
-    fields = 0
-    while pos < end:
-        tag, pos = _scan_varint(data, pos)
-        if tag is None:
-            return pos >= end
-        field, wire_type = tag >> 3, tag & 7
-        if field == 0 or wire_type not in (0, 1, 2, 5):
-            return False
-        fields += 1
-        if wire_type == 0:
-            value, pos = _scan_varint(data, pos)
-            if value is None:
-                return pos >= end
-        elif wire_type == 1:
-            pos += 8
-        elif wire_type == 5:
-            pos += 4
-        else:
-            length, pos = _scan_varint(data, pos)
-            if length is None:
-                return pos >= end
-            pos += length
-    return True
-
-
-def _scan_varint(data: bytes, pos: int) -> tuple[int | None, int]:
-    """(value, next position); value None if cut (position = end) or over 10 bytes."""
-    value = 0
-    shift = 0
-    end = len(data)
-    while pos < end:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift >= 70:
-            return None, -1
-    return None, end
-
-
-def _sniff(data: bytes) -> str:
-    """Why ``data`` does not look like a trace, for an error message."""
-    head = data[:2]
-    if head == b"\x1f\x8b":
-        return "it is gzip-compressed: gunzip it first"
-    if data[:4] == b"\x28\xb5\x2f\xfd":
-        return "it is zstd-compressed: decompress it first"
-    stripped = data.lstrip()[:1]
-    if stripped in (b"{", b"["):
-        return "it looks like JSON (a Chrome JSON trace?), not protobuf"
-    sample = data[:64]
-    if all(32 <= b < 127 or b in (9, 10, 13) for b in sample):
-        return f"it looks like text: {sample[:32].decode('ascii', 'replace')!r}"
-    return f"it starts with bytes {data[:8].hex(' ')}, not a TracePacket record (0a)"
-
-
 def _slice_of(entry: list[Any], uuid: int, dur: int | None) -> Slice:
     """The Slice of an open-slice entry of parse_events (dur None: it never ended)."""
     return Slice(
         entry[0], uuid, entry[2], entry[3], entry[1], dur, entry[4], entry[5], entry[6],
         tuple(entry[7]), tuple(entry[8]),
     )
+

@@ -14,12 +14,16 @@ with pandas DataFrames:
   bucket;
 * :meth:`~TraceQuery.memory_by_stage`, :meth:`~TraceQuery.memory_by_node`,
   :meth:`~TraceQuery.memory_flagged`: tasks whose peak exceeded their request;
+* :meth:`~TraceQuery.memory_suggestions`: the ``memory=`` each stage should
+  request (:mod:`tracer.query.suggest`);
 * :meth:`~TraceQuery.query`: any SQL, in trace_processor.
 
 The analyses are PerfettoSQL files in ``tracer/query/sql`` (run in
 trace_processor with ``engine="trace_processor"``), and the same analyses are
-computed from :func:`tracer.format.read_trace` (``engine="reader"``, the
-default), for machines where no trace_processor binary can be had.
+computed in Python (``engine="reader"``) from a streaming read of the trace
+(:func:`tracer.format.scan_trace`) that keeps a row per task and per
+execution, for machines where no trace_processor binary can be had. The
+default, ``engine="auto"``, uses trace_processor when a binary is found.
 """
 
 from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery, check_trace_file

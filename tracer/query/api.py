@@ -12,8 +12,9 @@ from typing import Any, Literal
 import pandas as pd
 
 from tracer.errors import TraceReadError
-from tracer.format import TraceModel, read_trace
-from tracer.query import from_model
+from tracer.format import TraceModel, TraceScan, read_trace
+from tracer.query import analyses
+from tracer.query.collect import TraceRows, scan_rows
 from tracer.query.columns import records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import (
@@ -24,6 +25,7 @@ from tracer.query.processor import (
     start_trace_processor,
 )
 from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
+from tracer.query.suggest import DEFAULT_HEADROOM, memory_suggestions
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
 
@@ -37,15 +39,16 @@ class QueryConfig:
 
     ``engine`` computes the ready-made analyses:
 
-    * ``"reader"`` (default): in Python from :func:`tracer.format.read_trace`;
-      needs nothing else, works everywhere;
+    * ``"auto"`` (default): trace_processor when a binary can be found and
+      starts, else the reader; :meth:`TraceQuery.warnings` says why when a
+      binary was found but does not start, or when ``trace_processor_path``
+      or ``$TRACE_PROCESSOR_PATH`` names one that is missing or not
+      executable (no binary anywhere falls back quietly);
     * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
       trace_processor (fails if no binary can be found);
-    * ``"auto"``: trace_processor when a binary can be found and starts, else
-      the reader; :meth:`TraceQuery.warnings` says why when a binary was found
-      but does not start, or when ``trace_processor_path`` or
-      ``$TRACE_PROCESSOR_PATH`` names one that is missing or not executable
-      (no binary anywhere falls back quietly).
+    * ``"reader"``: in Python, streaming the trace with
+      :func:`tracer.format.scan_trace` and keeping a row per task and per
+      execution; needs nothing else, works everywhere.
 
     Both engines return the same columns and numbers. :meth:`TraceQuery.query`
     (arbitrary SQL) always needs trace_processor, whatever the engine.
@@ -57,7 +60,7 @@ class QueryConfig:
     ``verbose`` lets its output through.
     """
 
-    engine: Engine = "reader"
+    engine: Engine = "auto"
     trace_processor_path: str | None = None
     load_timeout: float = 30.0
     verbose: bool = False
@@ -75,7 +78,8 @@ class TraceQuery:
     ...     q.query("SELECT COUNT(*) AS n FROM tracer_task")
 
     Opening checks the file: :class:`~tracer.errors.TraceReadError` if it is
-    missing or not a Perfetto protobuf trace (reader engine). A truncated
+    missing or not a Perfetto protobuf trace. The reader engine reads it
+    when opened (streaming it, keeping a row per task). A truncated
     trace is analysed up to its last complete packet; :meth:`warnings` says
     so. trace_processor is started on first need and stopped by
     :meth:`close` (or the ``with`` block).
@@ -94,8 +98,10 @@ class TraceQuery:
             raise TraceReadError(f"not a file: {self.path}")
         self._tp: Any = None
         self._model: TraceModel | None = None
+        self._rows: TraceRows | None = None
+        self._scan: TraceScan | None = None
         self._fallback: str | None = None
-        self._latency: list[dict[str, Any]] | None = None
+        self._latency: analyses.Latency | None = None
         engine = self.config.engine
         if engine == "auto":
             try:
@@ -120,13 +126,17 @@ class TraceQuery:
                 engine = "reader"
         self.engine: Literal["reader", "trace_processor"] = engine
         if engine == "reader":
-            self._model = read_trace(self.path)
+            self._rows, self._scan = scan_rows(self.path)
 
     # -------------------------------------------------------------- plumbing
 
     @property
     def model(self) -> TraceModel:
-        """The trace as :func:`tracer.format.read_trace` reads it (read on first use)."""
+        """The trace as :func:`tracer.format.read_trace` reads it (read on first use).
+
+        Every event of the trace, in memory (a few hundred bytes each): the
+        analyses do not need it.
+        """
         if self._model is None:
             self._model = read_trace(self.path)
         return self._model
@@ -165,16 +175,21 @@ class TraceQuery:
             raise QueryError(f"query failed: {one_line(exc)}") from exc
         return frame
 
-    def _latency_rows(self) -> list[dict[str, Any]]:
+    def _reader_rows(self) -> TraceRows:
+        if self._rows is None:  # pragma: no cover - set when the reader engine opens
+            self._rows, self._scan = scan_rows(self.path)
+        return self._rows
+
+    def _latency_rows(self) -> analyses.Latency:
         """The reader engine's tracer_task_latency, computed once."""
         if self._latency is None:
-            self._latency = from_model.task_latency_rows(self.model)
+            self._latency = analyses.latency_rows(self._reader_rows())
         return self._latency
 
     def _analysis(
         self,
         name: str,
-        compute: Callable[[TraceModel], list[dict[str, Any]]],
+        compute: Callable[[], list[dict[str, Any]]],
         sql: str | None = None,
     ) -> pd.DataFrame:
         if self.engine == "trace_processor":
@@ -183,7 +198,7 @@ class TraceQuery:
             except QueryError as exc:
                 raise QueryError(f"{name}.sql: {exc}") from exc
             return to_frame(frame, name)
-        return to_frame(compute(self.model), name)
+        return to_frame(compute(), name)
 
     def run_info(self) -> dict[str, Any]:
         """The traced run: ``execution_id``, ``runner``, ``tracing_level`` (None if unknown).
@@ -202,7 +217,7 @@ class TraceQuery:
             rows = records(frame)
             info = rows[0] if rows else {}
         else:
-            info = from_model.run_info(self.model)
+            info = self._reader_rows().run_info
         return {k: info.get(k) for k in ("execution_id", "runner", "tracing_level")}
 
     def warnings(self) -> list[str]:
@@ -218,7 +233,8 @@ class TraceQuery:
                     "being written; the answers cover what is there"
                 )
             return out
-        model = self.model
+        model = self._scan
+        assert model is not None
         if model.truncated and model.packet_count == 0:
             out.append(
                 "the trace is cut before its first complete packet: there is nothing to "
@@ -256,49 +272,65 @@ class TraceQuery:
     def stage_summary(self) -> pd.DataFrame:
         """Per stage: tasks, failed, wall span, task running time p50/p95/max, memory."""
         return self._analysis(
-            "stage_summary", lambda m: from_model.stage_summary(m, self._latency_rows())
+            "stage_summary", lambda: analyses.stage_summary(self._latency_rows())
         )
 
     def task_latency(self) -> pd.DataFrame:
         """Per task attempt: waiting, scheduling, running, pickup and total (ns)."""
         return self._analysis(
-            "task_latency", lambda m: from_model.task_latency(m, self._latency_rows())
+            "task_latency", lambda: analyses.task_latency(self._latency_rows())
         )
 
     def latency_by_stage(self) -> pd.DataFrame:
         """Per stage: p50 and p95 of each latency phase (ns)."""
         return self._analysis(
-            "latency_by_stage", lambda m: from_model.latency_by_stage(m, self._latency_rows())
+            "latency_by_stage", lambda: analyses.latency_by_stage(self._latency_rows())
         )
 
     def dispatch_loop(self) -> pd.DataFrame:
         """The dispatch loop's time per phase, and the gaps between phases."""
-        return self._analysis("dispatch_loop", from_model.dispatch_loop)
+        return self._analysis(
+            "dispatch_loop", lambda: analyses.dispatch_loop(self._reader_rows())
+        )
 
     def worker_utilisation(self, buckets: int = 20) -> pd.DataFrame:
         """Busy fraction of every worker of every node in ``buckets`` equal time buckets."""
         sql = worker_utilisation_sql(buckets)
         return self._analysis(
-            "worker_utilisation", lambda m: from_model.worker_utilisation(m, buckets), sql
+            "worker_utilisation",
+            lambda: analyses.worker_utilisation(self._reader_rows(), buckets),
+            sql,
         )
 
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
         return self._analysis(
-            "memory_by_stage", lambda m: from_model.memory_by_stage(m, self._latency_rows())
+            "memory_by_stage", lambda: analyses.memory_by_stage(self._latency_rows())
         )
 
     def memory_by_node(self) -> pd.DataFrame:
         """Per node: measured peak memory, tasks over their request."""
         return self._analysis(
-            "memory_by_node", lambda m: from_model.memory_by_node(m, self._latency_rows())
+            "memory_by_node", lambda: analyses.memory_by_node(self._latency_rows())
         )
 
     def memory_flagged(self) -> pd.DataFrame:
         """The task attempts whose measured peak exceeded their memory request, worst first."""
         return self._analysis(
-            "memory_flagged", lambda m: from_model.memory_flagged(m, self._latency_rows())
+            "memory_flagged", lambda: analyses.memory_flagged(self._latency_rows())
         )
+
+    def memory_suggestions(
+        self, headroom: float = DEFAULT_HEADROOM, node_memory: int | None = None
+    ) -> pd.DataFrame:
+        """Per stage: the ``memory=`` to request (its largest peak x ``headroom``, rounded up
+        to a MiB), how many such tasks fit a node, and the change from today's request.
+
+        ``node_memory`` (bytes) is a node's ``memory`` resource; by default the
+        cluster's, from the trace, over the nodes that ran tasks. The rule and
+        its limits: :mod:`tracer.query.suggest`.
+        """
+        return memory_suggestions(self, headroom, node_memory)
 
 
 def check_trace_file(path: str | os.PathLike[str]) -> Path:

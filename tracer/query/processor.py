@@ -26,7 +26,8 @@ NOT_FOUND_HELP = (
     f"set {ENV_VAR} to a trace_processor_shell binary (download one on a machine with "
     "internet access from https://get.perfetto.dev/trace_processor, or take the prebuilt "
     "of a Perfetto release at https://github.com/google/perfetto/releases); "
-    "`tracer summary` and `tracer memory` work without it (they default to --engine reader)"
+    "`tracer summary` and `tracer memory` work without it (with --engine reader, or the "
+    "default --engine auto)"
 )
 
 

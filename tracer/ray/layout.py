@@ -8,19 +8,33 @@ as ``debug.<name>`` (nested: ``debug.resource_request.num_cpus``).
 from __future__ import annotations
 
 # Slice categories: every slice carries exactly one.
+#: The dispatch loop's slices, and Ray's own events of the tasks (Ray's
+#: scheduling states, its phases in the worker: the system's view of a task,
+#: not the runner's nor the tracer's measurement), each on tracks of their own.
 CAT_SCHEDULER = "scheduler"
 CAT_TASK = "task"
 CAT_STAGE = "stage"
 CAT_EXECUTION = "execution"
+#: Ray's own events of a task (read from Ray's task events, tracer.ray.ray_events).
+CAT_RAY = CAT_SCHEDULER
 
 # Tracks.
 SCHEDULER_PROCESS = "Scheduler"
 DISPATCH_LOOP_THREAD = "Dispatch loop"
 TASKS_TRACK = "Ray tasks"
 TASK_LANE = "tasks"
+#: Under a task lane: Ray's scheduling states of the tasks on that lane (STATE_*).
+RAY_STATES_TRACK = "Ray states"
 STAGES_TRACK = "Stages"
 NODE_PROCESS_PREFIX = "Node"
 WORKER_THREAD_PREFIX = "worker"
+
+#: Under a worker's thread: Ray's phases of each task the worker ran (a slice
+#: named ``RAY_TASK_PREFIX + Ray's task name`` with the phases nested in it).
+#: A track of its own, not nested in the execution slice: Ray deserializes the
+#: arguments before the measured execution starts and stores the outputs after
+#: it ends. Tasks of a threaded actor that overlap go on lanes of this name.
+RAY_PHASES_TRACK = "Ray phases"
 
 COUNTER_INFLIGHT = "tasks in flight"
 COUNTER_AVAILABLE_CPUS = "available CPUs"
@@ -28,7 +42,7 @@ COUNTER_AVAILABLE_GPUS = "available GPUs"
 COUNTER_AVAILABLE_MEMORY = "available memory"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
-# on a packet sequence of its own (see tracer.ray.memory_trace).
+# on a packet sequence of its own (see tracer.ray.timeline.memory).
 #: Under a worker's thread: heap of the task running there (level 2, memray's
 #: 10 ms snapshots; each task's heap counts from its start, so it is 0 between tasks).
 COUNTER_WORKER_HEAP = "heap"
@@ -63,6 +77,26 @@ INSTANT_METRICS_ACTOR_LOST = "metrics actor lost"
 
 # Task slices (category task): the outer slice is named after the stage.
 SLICE_DISPATCHED = "dispatched"
+
+# Ray's events (category CAT_RAY, which is CAT_SCHEDULER).
+#: On the worker's RAY_PHASES_TRACK: Ray's whole handling of one task attempt
+#: in its worker ("ray task f"), args task_id, ray_task_id, ray_attempt.
+RAY_TASK_PREFIX = "ray task "
+#: Ray's phases, nested in it (Ray's profile events task:deserialize_arguments,
+#: task:execute, task:store_outputs).
+PHASE_DESERIALIZE = "deserialize arguments"
+PHASE_EXECUTE = "execute"
+PHASE_STORE_OUTPUTS = "store outputs"
+#: Ray's scheduling states, on the RAY_STATES_TRACK under the task's lane,
+#: within its 'dispatched' slice, each from the time Ray entered it to the next
+#: state (the last, FINISHED or FAILED, until the runner received the task; a
+#: state Ray timed after that is left out). Names are Ray's TaskStatus:
+STATE_PENDING_ARGS = "PENDING_ARGS_AVAIL"  # submitted; its arguments are not all ready
+STATE_PENDING_NODE = "PENDING_NODE_ASSIGNMENT"  # waiting for a worker lease
+STATE_SUBMITTED = "SUBMITTED_TO_WORKER"  # leased: pushed to the worker, which starts it
+STATE_RUNNING = "RUNNING"  # in the worker: arguments, the body, storing outputs
+STATE_FINISHED = "FINISHED"  # the owner (driver) has the reply: until the loop sees it
+STATE_FAILED = "FAILED"
 
 # Instants on a worker or node (category execution).
 INSTANT_TASK_FAILED = "task failed"
@@ -115,6 +149,12 @@ ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
 #: On the execution slice (END, at close): tasks whose measurements were lost.
 ARG_LOST_MEASUREMENTS = "lost_measurements"
 ARG_REASON = "reason"
+#: On the execution slice (END, at close), when Ray's events were read: how
+#: many executions got no Ray events (never arrived within the close's
+#: budget, or dropped by Ray's caps), and how many events Ray said it dropped
+#: for the run's job (``RAY_task_events_max_num_task_in_gcs`` and others).
+ARG_RAY_EVENTS_MISSING = "ray_events_missing"
+ARG_RAY_EVENTS_DROPPED = "ray_events_dropped"
 
 # Memory annotations (bytes). On execution slices:
 #: What the task asked Ray for (``memory=``); 0 means no request.

@@ -49,6 +49,32 @@ class _NullContext:
 _NULL_CONTEXT = _NullContext()
 
 
+def awaiting_args(
+    num_returns: int | None,
+    timeout: float | None,
+    waiting_for_num_results: int | None,
+    wait_timeout_s: float | None,
+) -> tuple[int | None, float | None]:
+    """``awaiting``'s arguments under tracer's names, given either tracer's or Daft's.
+
+    Daft's RayRunner spells them ``waiting_for_num_results=`` and
+    ``wait_timeout_s=``; a runner instrumented for Daft's tracer passes them
+    as they are. Both spellings of one argument is a mistake at every level
+    (not only when tracing is on, where it would first show).
+    """
+    if waiting_for_num_results is not None:
+        if num_returns is not None:
+            raise TypeError(
+                "awaiting() got both num_returns and waiting_for_num_results (the same argument)"
+            )
+        num_returns = waiting_for_num_results
+    if wait_timeout_s is not None:
+        if timeout is not None:
+            raise TypeError("awaiting() got both timeout and wait_timeout_s (the same argument)")
+        timeout = wait_timeout_s
+    return num_returns, timeout
+
+
 class NullRunnerTracer:
     """The tracer at level 0: every call does nothing and costs a method call."""
 
@@ -68,8 +94,16 @@ class NullRunnerTracer:
         return _NULL_CONTEXT
 
     def awaiting(
-        self, num_returns: int | None = None, timeout: float | None = None
+        self,
+        num_returns: int | None = None,
+        timeout: float | None = None,
+        waiting_for_num_results: int | None = None,
+        wait_timeout_s: float | None = None,
     ) -> _NullContext:
+        # Daft's names, not keyword-only: CPython 3.11 calls a function without
+        # keyword-only parameters on a faster path (~20 ns less here).
+        if waiting_for_num_results is not None or wait_timeout_s is not None:
+            awaiting_args(num_returns, timeout, waiting_for_num_results, wait_timeout_s)
         return _NULL_CONTEXT
 
     def get_next_physical_plan(self) -> _NullContext:
@@ -121,7 +155,7 @@ class NullRunnerTracer:
     def task_not_ready(self, task_id: str) -> None:
         pass
 
-    def task_received_as_ready(self, task_id: str) -> None:
+    def task_received_as_ready(self, task_id: str, stage_id: int | None = None) -> None:
         pass
 
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:

@@ -1,18 +1,27 @@
-"""Where traces go by default: the Ray session's log folder.
+"""Where traces go by default: the Ray session's log folder, or ``$TRACER_TRACE_DIR``.
 
 The Ray dashboard's log view serves everything under a session's ``logs/``
 folder, so a trace written to ``<session>/logs/tracer/`` can be fetched from
 the dashboard of a remote cluster without shell access to the head node.
+
+``$TRACER_TRACE_DIR`` moves that default elsewhere, for whoever needs every
+trace of a process in one known folder without touching the code that runs
+it (the ``tracer.testing`` pytest plugin does this for its measured blocks).
+It changes the default only: a trace whose path is given explicitly
+(``ray_tracer(path=...)``, ``Pipeline.run(trace_path=...)``) goes there.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from pathlib import Path
 
 DEFAULT_SESSION_DIR = Path("/tmp/ray/session_latest")
 TRACE_SUFFIX = ".perfetto-trace"
+#: Environment variable: the folder default trace paths go to, instead of the Ray session's.
+TRACE_DIR_ENV_VAR = "TRACER_TRACE_DIR"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -30,11 +39,15 @@ def ray_session_dir() -> Path:
 
 
 def default_trace_dir() -> Path:
+    """``$TRACER_TRACE_DIR`` when set (and not empty), else ``<Ray session>/logs/tracer``."""
+    override = os.environ.get(TRACE_DIR_ENV_VAR, "").strip()
+    if override:
+        return Path(override).expanduser()
     return ray_session_dir() / "logs" / "tracer"
 
 
 def default_trace_path(runner_name: str, execution_id: str) -> Path:
-    """``<session>/logs/tracer/<runner>.<execution id>.<timestamp>.perfetto-trace``."""
+    """``<default_trace_dir()>/<runner>.<execution id>.<timestamp>.perfetto-trace``."""
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
     name = f"{_safe(runner_name)}.{_safe(execution_id)}.{stamp}{TRACE_SUFFIX}"
     return default_trace_dir() / name

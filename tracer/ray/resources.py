@@ -45,6 +45,27 @@ class ResourceRequest:
         }
 
 
+def as_request(request: Any) -> ResourceRequest:
+    """A :class:`ResourceRequest` from what a runner has: one, None (the default
+    request), a dict, or any object with ``num_cpus``/``num_gpus``/``memory_bytes``
+    (Daft's ``ResourceRequest``)."""
+    if isinstance(request, ResourceRequest):
+        return request
+    if request is None:
+        return ResourceRequest()
+    if isinstance(request, dict):
+        return ResourceRequest(
+            num_cpus=request.get("num_cpus"),
+            num_gpus=request.get("num_gpus"),
+            memory_bytes=request.get("memory_bytes"),
+        )
+    return ResourceRequest(
+        num_cpus=getattr(request, "num_cpus", None),
+        num_gpus=getattr(request, "num_gpus", None),
+        memory_bytes=getattr(request, "memory_bytes", None),
+    )
+
+
 def _num(value: float | None) -> int | float:
     if value is None:
         return 0

@@ -66,7 +66,7 @@ def ray_tracer(
         writer = TraceWriter(trace_path, compress=compress)
         totals = ray.cluster_resources() if ray.is_initialized() else {}
         if metrics_actor:
-            from tracer.ray.channel import create_metrics_actor
+            from tracer.ray.metrics_actor import create_metrics_actor
 
             actor = create_metrics_actor(execution_id)
         tracer = RunnerTracer(

@@ -17,7 +17,7 @@ result to a *sink*:
   runner's task id (an argument costs both sides Ray's serialization): the
   driver knows whose return value it reads, and measurements are named by
   Ray's task id where that matters (inside another task's error).
-* the **actor channel** (:mod:`tracer.ray.channel`), for tasks that only wrap
+* the **actor channel** (:mod:`tracer.ray.metrics_actor`), for tasks that only wrap
   their body in :func:`collect_ray_task_metrics` (the Daft pattern): a
   fire-and-forget actor call costs the task ~150-300 µs here, and the driver
   drains the actor once per wave.
@@ -387,13 +387,13 @@ def collect_ray_task_metrics(
         return
     lvl = resolve_level(level)
     if lvl == TracingLevel.OFF:
-        from tracer.ray.channel import metrics_actor_exists
+        from tracer.ray.metrics_actor import metrics_actor_exists
 
         if level is not None or ENV_VAR in os.environ or not metrics_actor_exists(execution_id):
             yield None
             return
         lvl = TracingLevel.TIMELINE
-    from tracer.ray.channel import send_to_metrics_actor
+    from tracer.ray.metrics_actor import send_to_metrics_actor
 
     ctx = TaskContext(execution_id, task_id, stage_id, int(lvl))
     with measure_task(ctx, lambda m: send_to_metrics_actor(execution_id, m)) as metrics:
@@ -415,7 +415,7 @@ def run_traced(
     if ctx.metrics_actor or ctx.level >= TracingLevel.MEMORY:
         failure_sink: Callable[[Metrics], None] | None = None
         if ctx.metrics_actor:
-            from tracer.ray.channel import send_to_metrics_actor
+            from tracer.ray.metrics_actor import send_to_metrics_actor
 
             failure_sink = functools.partial(send_to_metrics_actor, ctx.execution_id)
         with measure_task(ctx, failure_sink=failure_sink) as metrics:

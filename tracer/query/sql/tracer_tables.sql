@@ -8,6 +8,21 @@
 -- trace_processor's slice table cannot index, in quadratic time on big traces. The names come from tracer/ray/layout.py; debug annotations are the
 -- args named 'debug.<name>' (nested: 'debug.resource_request.memory_bytes').
 --
+-- What the PerfettoSQL standard library gives is used (checked with
+-- trace_processor v58.2): slices.with_context's thread_slice for the worker
+-- of an execution; intervals.intersect in worker_utilisation.sql. What the
+-- analyses still write by hand, and why:
+-- * tasks are joined to their executions by the task_id annotation, not by
+--   the flow arrows between them (the flow operators): tracer writes a
+--   stage's arrows when the stage ends, so a cut trace has none for the
+--   stages still running;
+-- * percentiles are nearest-rank (the value at rank ceil(p * n / 100)), which
+--   the reader engine can match exactly; PERCENTILE() interpolates;
+-- * dispatch_loop.sql's own time of a phase is not slices.self_dur: it
+--   excludes only the phases nested in it, and a slice left open by a cut
+--   trace runs to the trace's end (self_dur is negative there), and
+--   self_dur is computed for every slice of the trace.
+--
 -- Timestamps (*_ts) and durations (*_ns) are nanoseconds in the trace clock;
 -- memory is in bytes. A slice left open by a truncated trace has dur = -1 in
 -- trace_processor: such tasks have no received_ts, and open executions are left
@@ -19,6 +34,8 @@
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
 -- retry. memory_at_kill is set on a task Ray's OOM killer killed (the worker's
 -- memory use Ray reported; such a task has no execution slice).
+INCLUDE PERFETTO MODULE slices.with_context;
+
 DROP TABLE IF EXISTS tracer_task_latency;
 DROP TABLE IF EXISTS tracer_execution;
 DROP TABLE IF EXISTS tracer_task;
@@ -55,8 +72,11 @@ CREATE INDEX tracer_task_by_task_id ON tracer_task(task_id);
 DROP TABLE tracer_dispatched;
 
 -- One row per task execution, measured inside the Ray worker (category
--- 'execution', on a worker thread of a node process, or on a lane under the
--- worker when executions overlap). memory_peak is the task's peak memory:
+-- 'execution', but not the 'task failed' / 'task cancelled' instants marking
+-- where a task stopped: trace_processor keeps instants as zero-length slices),
+-- on a worker thread of a node process, or on a lane under the worker when
+-- executions overlap: the stdlib's thread_slice has both, with their thread
+-- and process names). memory_peak is the task's peak memory:
 -- memray's heap peak at level 2 (peak_source 'heap'), else the worker
 -- process's peak RSS while the task ran (peak_source 'rss': level 1, or level 2
 -- when memray was unavailable; it includes the worker's own baseline).
@@ -76,13 +96,11 @@ SELECT
     ELSE 'rss'
   END AS peak_source,
   EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,
-  p.name AS node,
-  th.name AS worker
-FROM slice AS s
-LEFT JOIN thread_track AS tt ON tt.id = s.track_id
-LEFT JOIN thread AS th ON th.utid = tt.utid
-LEFT JOIN process AS p ON p.upid = th.upid
-WHERE s.category = 'execution' AND s.name != 'task failed' AND s.dur >= 0;
+  s.process_name AS node,
+  s.thread_name AS worker
+FROM thread_slice AS s
+WHERE s.category = 'execution' AND s.name NOT IN ('task failed', 'task cancelled')
+  AND s.dur >= 0;
 CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 
 -- One row per task attempt with its execution joined by the task_id

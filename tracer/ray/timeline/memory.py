@@ -1,7 +1,7 @@
 """The memory part of a runner trace: requested vs actual, per task, worker, node, stage.
 
-:class:`MemoryTrace` is used by :class:`~tracer.ray.runner_tracer.RunnerTracer`
-(under its lock). For every execution it is given, it
+:class:`MemoryTrace` is part of :class:`~tracer.ray.timeline.RunTimeline`
+(which owns it). For every execution it is given, it
 
 * returns the execution slice's memory annotations (names in
   :mod:`tracer.ray.layout`): ``memory_requested``, ``memory_peak``,
@@ -15,7 +15,7 @@
 
 Executions arrive late (when the runner receives tasks, drained once per
 wave), so node counters are written only for the settled past: at each
-:meth:`settle` the runner passes a *watermark*, the earliest dispatch time of
+:meth:`settle` the producer passes a *watermark*, the earliest dispatch time of
 the tasks whose executions have not arrived yet (nothing can still start
 before it), and the steps up to it are written; the rest wait for a later
 settle or for the end (``settle(None)``). A step that arrives behind what was
@@ -36,8 +36,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from tracer.format import TraceWriter, Track
-from tracer.format.writer import CounterSequence
+from tracer.format import CounterSequence, TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
 

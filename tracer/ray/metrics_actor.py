@@ -1,4 +1,4 @@
-"""The actor channel for task measurements (Daft's metrics-actor design).
+"""The metrics actor: how tasks that measure themselves reach the driver (Daft's design).
 
 Used only by tasks that call :func:`tracer.ray.collect_ray_task_metrics`
 themselves; traced remote functions return their measurements instead (see
@@ -8,7 +8,8 @@ Every call has a timeout on the driver side; a dead actor loses measurements,
 never the run: the driver stops calling it after its first failure and
 records which tasks' measurements were lost with it. Tasks never wait on it:
 their calls are fire-and-forget, and a worker that cannot find the actor
-stops looking for it.
+stops looking for it. The driver's side (draining, losses) is
+:mod:`tracer.ray.actor_channel`.
 """
 
 from __future__ import annotations

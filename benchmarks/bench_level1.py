@@ -1,0 +1,183 @@
+"""Where level 1's cost is, and what taking executions from Ray's events would save.
+
+Run by hand (it is not a test), from the project root:
+
+    .venv/bin/python benchmarks/bench_level1.py                       # quiet machine
+    .venv/bin/python benchmarks/bench_level1.py --busy 2              # both cores kept busy
+
+Variants of one run of ``tracer.runner.Pipeline`` on ``--tasks`` no-op tasks,
+interleaved and rotated in every repetition (medians, min and max):
+
+* ``0``       untraced;
+* ``1``       level 1 as shipped: the return channel (each task's extra
+  return value with its measurements) and Ray's events read in the
+  background;
+* ``1-noev``  level 1 without reading Ray's events (``TRACER_RAY_EVENTS=0``):
+  the difference to ``1`` is what reading them costs;
+* ``1-plain`` level 1 with tasks submitted as they are, no extra return value
+  and nothing measured in the worker (the timeline of the loop and the task
+  slices only): the floor of a level 1 whose executions would come from
+  Ray's events instead (``1-plain`` + (``1`` - ``1-noev``) estimates it).
+
+Per variant: wall time, and CPU per task in the driver and across all
+processes (the machine's busy time from /proc/stat, less what the
+``--busy`` load processes used), which the shared machine's noise moves
+much less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_runner import _machine_busy_s, noop
+
+from tracer.runner import Pipeline, Stage
+
+VARIANTS = ("0", "1", "1-noev", "1-plain")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of one process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@contextlib.contextmanager
+def busy_load(n: int) -> Iterator[list[int]]:
+    """``n`` processes spinning on the CPU (the cores kept busy by other work)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[int]:
+    """Set up a variant; yields its tracing level."""
+    if name == "0":
+        yield 0
+        return
+    old = os.environ.get("TRACER_RAY_EVENTS")
+    if name == "1-noev":
+        os.environ["TRACER_RAY_EVENTS"] = "0"
+    undo = None
+    if name == "1-plain":
+        from tracer.ray import wrappers
+
+        undo = wrappers._traced_call
+        wrappers._traced_call = lambda f, options, ctx: None  # type: ignore[assignment]
+    try:
+        yield 1
+    finally:
+        if old is None:
+            os.environ.pop("TRACER_RAY_EVENTS", None)
+        else:
+            os.environ["TRACER_RAY_EVENTS"] = old
+        if undo is not None:
+            from tracer.ray import wrappers
+
+            wrappers._traced_call = undo
+
+
+def run_once(name: str, tasks: int, path: Path, load: list[int]) -> tuple[float, float, float]:
+    """Wall seconds, driver CPU seconds and all-process CPU seconds (less the load's)."""
+    path.unlink(missing_ok=True)
+    pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
+    with variant(name) as level:
+        t = os.times()
+        driver0 = t.user + t.system
+        all0 = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load)
+        start = time.perf_counter()
+        results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
+        wall = time.perf_counter() - start
+        t = os.times()
+        driver = t.user + t.system - driver0
+        every = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load) - all0
+    assert results == list(range(tasks))
+    return wall, driver, every
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
+    args = parser.parse_args()
+    names = args.variants.split(",")
+    if names[0] != "0" or any(n not in VARIANTS for n in names):
+        parser.error(f"--variants: from {VARIANTS}, starting with 0")
+    os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    n = args.tasks
+    ray.init(
+        num_cpus=os.cpu_count() or 2, object_store_memory=200 * 1024 * 1024,
+        include_dashboard=False, log_to_driver=False,
+        _system_config={"idle_worker_killing_time_threshold_ms": 10**9},
+    )
+    walls: dict[str, list[float]] = defaultdict(list)
+    drivers: dict[str, list[float]] = defaultdict(list)
+    alls: dict[str, list[float]] = defaultdict(list)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
+                busy_load(args.busy) as load:
+            folder = Path(tmp)
+            for name in names:  # warm-up
+                run_once(name, min(n, 200), folder / "warmup.perfetto-trace", load)
+            for rep in range(args.repeats):
+                order = names[rep % len(names):] + names[: rep % len(names)]
+                for name in order:
+                    wall, driver, every = run_once(name, n, folder / f"{name}.perfetto-trace",
+                                                   load)
+                    walls[name].append(wall)
+                    drivers[name].append(driver)
+                    alls[name].append(every)
+                    print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
+    finally:
+        ray.shutdown()
+
+    def per_task_us(values: list[float]) -> str:
+        med = statistics.median(values) / n * 1e6
+        return f"{med:6.0f} [{min(values) / n * 1e6:5.0f}-{max(values) / n * 1e6:5.0f}]"
+
+    base_wall = statistics.median(walls["0"])
+    base_all = statistics.median(alls["0"])
+    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)")
+    print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
+          f"{'driver CPU us/task':>22} {'all CPU us/task':>22} {'all vs 0':>9}")
+    for name in names:
+        med = statistics.median(walls[name])
+        all_med = statistics.median(alls[name])
+        print(
+            f"  {name:<8} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
+            f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
+            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+8.1f}%"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Ray's own task events in the trace, on a real Ray: phases, states, sources, what is missing."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray_trace_checks import load
+
+from tracer.format.model import Slice, TraceModel
+from tracer.ray import layout as L
+from tracer.ray.ray_events import AllEventsQuery, GcsQuery, RayEventSource, Reply
+from tracer.runner import Pipeline, Stage
+
+NUM_PARTITIONS = 6
+
+
+def _inc(x: int) -> int:
+    time.sleep(0.01)
+    return x + 1
+
+
+def _neg(x: int) -> int:
+    return -x
+
+
+@pytest.fixture(scope="module")
+def run(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> TraceModel:
+    path = tmp_path_factory.mktemp("rayev") / "run.perfetto-trace"
+    Pipeline(list(range(NUM_PARTITIONS)), [Stage("inc", _inc), Stage("neg", _neg)]).run(
+        tracing_level=1, trace_path=path, progress=False
+    )
+    return load(path)
+
+
+def _run_slice(model: TraceModel) -> Slice:
+    return next(s for s in model.slices if s.category == L.CAT_SCHEDULER and s.depth == 0)
+
+
+def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -> None:
+    executions = [s for s in run.slices if s.category == L.CAT_EXECUTION]
+    assert len(executions) == 2 * NUM_PARTITIONS
+    spans = {s.args[L.ARG_RAY_TASK_ID]: s for s in run.slices
+             if s.category == L.CAT_RAY and (s.name or "").startswith(L.RAY_TASK_PREFIX)}
+    assert set(spans) == {e.args[L.ARG_RAY_TASK_ID] for e in executions}
+    for e in executions:
+        span = spans[e.args[L.ARG_RAY_TASK_ID]]
+        assert span.args[L.ARG_TASK_ID] == e.args[L.ARG_TASK_ID]
+        assert span.name == L.RAY_TASK_PREFIX + e.name  # the runner names its calls by stage
+        # On a 'Ray phases' track under the very worker the execution was measured on.
+        assert run.tracks[span.track_uuid].name == L.RAY_PHASES_TRACK
+        assert run.tracks[span.track_uuid].parent_uuid == e.track_uuid
+        phases = sorted((s for s in run.slices if s.parent_id == span.id), key=lambda s: s.ts)
+        assert [p.name for p in phases] == [
+            L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS]
+        execute = phases[1]
+        # Ray's execute phase runs the traced call, which measured the execution inside it.
+        assert execute.ts <= e.ts and e.end_ts is not None and e.end_ts <= execute.end_ts
+    run_slice = _run_slice(run)
+    assert run_slice.args[L.ARG_RAY_EVENTS_MISSING] == 0
+
+
+def test_rays_states_split_each_dispatched_slice(run: TraceModel) -> None:
+    """Under each task lane, a 'Ray states' track: the states of every task on that lane,
+    one after the other inside its 'dispatched' slice."""
+    order = [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED, L.STATE_RUNNING,
+             L.STATE_FINISHED]
+    dispatched = [s for s in run.slices if s.name == L.SLICE_DISPATCHED]
+    assert len(dispatched) == 2 * NUM_PARTITIONS
+    state_tracks = {t.uuid: t for t in run.tracks.values() if t.name == L.RAY_STATES_TRACK}
+    assert state_tracks
+    for d in dispatched:
+        assert d.end_ts is not None
+        (track,) = [t for t in state_tracks.values() if t.parent_uuid == d.track_uuid]
+        states = sorted((s for s in run.slices_on(track.uuid)
+                         if d.ts <= s.ts and s.end_ts is not None and s.end_ts <= d.end_ts),
+                        key=lambda s: s.ts)
+        # FINISHED is left out when Ray timed it after the runner saw the task.
+        names = [s.name for s in states]
+        assert names in (order, order[:-1]), names
+        assert all(s.category == L.CAT_RAY and s.depth == 0 for s in states)
+        for a, b in itertools.pairwise(states):
+            assert a.end_ts == b.ts  # each state lasts until the next
+        assert states[-1].end_ts == d.end_ts or names[-1] == L.STATE_RUNNING
+
+
+def _job_id() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_job_id())
+
+
+def _task_ids(n: int) -> list[str]:
+    import ray
+
+    @ray.remote
+    def noop(i: int) -> int:
+        return i
+
+    refs = [noop.remote(i) for i in range(n)]
+    ray.get(refs)
+    return [ref.task_id().hex() for ref in refs]
+
+
+def _read_until_complete(source: RayEventSource, ids: list[str]) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        facts = {f.ray_task_id: f for f in source.read(ids) if f.span is not None and f.ended}
+        if len(facts) == len(ids) or time.monotonic() > deadline:
+            return facts
+        time.sleep(0.1)
+
+
+def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
+    """The GCS's job query, its per-task query and the read of everything give the same
+    facts; a source that raises is dropped for the next."""
+    import ray
+
+    ids = _task_ids(5)
+    gcs = GcsQuery(ray.get_runtime_context().gcs_address)
+    by_job = _read_until_complete(RayEventSource(_job_id(), [gcs]), ids)
+    assert set(by_job) == set(ids)
+    per_task = RayEventSource(_job_id(), [gcs])
+    per_task._job_s = 1e9  # the job is "expensive": one query per task
+    assert _read_until_complete(per_task, ids) == by_job
+    everything = _read_until_complete(RayEventSource(_job_id(), [AllEventsQuery()]), ids)
+    assert everything == by_job
+
+    class Broken:
+        name = "broken"
+        closed = False
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            raise ConnectionError("GCS gone")
+
+        task = job
+
+        def close(self) -> None:
+            self.closed = True
+
+    broken = Broken()
+    source = RayEventSource(_job_id(), [broken, AllEventsQuery()])
+    assert _read_until_complete(source, ids) == by_job
+    assert broken.closed and source.name == "all"
+    fact = by_job[ids[0]]
+    assert fact.worker_pid > 0 and len(fact.node_id) == 56 and fact.name == "noop"
+
+
+def test_the_cheaper_query_is_chosen_by_measured_cost(ray_local: None) -> None:
+    import ray
+
+    ids = _task_ids(3)
+    calls: list[str] = []
+    gcs = GcsQuery(ray.get_runtime_context().gcs_address)
+
+    class Counting:
+        name = "gcs"
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            calls.append("job")
+            return gcs.job(job_id, timeout)
+
+        def task(self, task_id: bytes, timeout: float) -> Reply:
+            calls.append("task")
+            return gcs.task(task_id, timeout)
+
+        def close(self) -> None:
+            gcs.close()
+
+    source = RayEventSource(_job_id(), [Counting()])
+    source.read(ids)
+    assert calls == ["job"]  # its cost is unknown until measured
+    source._job_s = 1.0  # a job whose events take a second to read: per task is cheaper
+    calls.clear()
+    source.read(ids)
+    assert calls == ["task"] * 3
+    source._one_task_s = 2.0  # and the other way round
+    calls.clear()
+    source.read(ids)
+    assert calls == ["job"]
+
+
+def test_switched_off_nothing_is_read(
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACER_RAY_EVENTS", "0")
+    path = tmp_path / "off.perfetto-trace"
+    Pipeline([1, 2], [Stage("neg", _neg)]).run(tracing_level=1, trace_path=path, progress=False)
+    model = load(path)
+    assert not [t for t in model.tracks.values()
+                if t.name in (L.RAY_PHASES_TRACK, L.RAY_STATES_TRACK)]
+    assert L.ARG_RAY_EVENTS_MISSING not in _run_slice(model).args
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import ray
+    from tracer.runner import Pipeline, Stage
+
+    def neg(x):
+        return -x
+
+    ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False)
+    t0 = time.monotonic()
+    Pipeline(list(range(int(sys.argv[2]))), [Stage("neg", neg)]).run(
+        tracing_level=1, trace_path=sys.argv[1], progress=False)
+    print(time.monotonic() - t0)
+    """
+)
+
+
+def _run_with_ray_env(tmp_path: Path, env: dict[str, str], n: int) -> tuple[TraceModel, float]:
+    path = tmp_path / "run.perfetto-trace"
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(path), str(n)], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    return load(path), float(out.stdout.strip().splitlines()[-1])
+
+
+def test_events_that_never_come_are_counted_and_the_close_waits_its_budget(
+    tmp_path: Path,
+) -> None:
+    """Ray not reporting task events (interval 0): the close waits its budget, no longer,
+    and the trace says every execution lacks Ray's events."""
+    model, seconds = _run_with_ray_env(
+        tmp_path,
+        {"RAY_task_events_report_interval_ms": "0", "TRACER_RAY_EVENTS_BUDGET_S": "0.5"}, 4)
+    assert not [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 4
+    assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 4
+    assert seconds < 30  # generous: the point is that it ends, not how fast
+
+
+def test_events_ray_dropped_are_counted(tmp_path: Path) -> None:
+    """Ray keeping only 5 task attempts: the trace says Ray dropped some and how many
+    executions lack their events; those it kept are drawn."""
+    model, _ = _run_with_ray_env(
+        tmp_path, {"RAY_task_events_max_num_task_in_gcs": "5",
+                   "TRACER_RAY_EVENTS_BUDGET_S": "1"}, 20)
+    run_slice = _run_slice(model)
+    spans = [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert run_slice.args[L.ARG_RAY_EVENTS_DROPPED] > 0
+    assert run_slice.args[L.ARG_RAY_EVENTS_MISSING] == 20 - len(spans)
+    assert 0 < len(spans) < 20  # some read before Ray evicted them, not all

@@ -1,0 +1,177 @@
+"""The run timeline on its own: any producer draws a run with plain facts, no Ray needed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from engines_agree import assert_engines_agree
+
+from tracer.format import TraceWriter, read_trace
+from tracer.query import QueryConfig, TraceQuery
+from tracer.ray import ResourceRequest, TracingLevel
+from tracer.ray import layout as L
+from tracer.ray.timeline import RunTimeline, TimelineTask
+
+T0 = 1_800_000_000_000_000_000
+MS = 1_000_000
+MIB = 1 << 20
+TIMELINE = Path(__file__).resolve().parents[2] / "tracer" / "ray" / "timeline"
+
+
+def test_the_timeline_knows_nothing_of_ray() -> None:
+    """Its modules import the format layer and the layout's names, never Ray nor producers."""
+    allowed = {"tracer.format", "tracer.ray.layout", "tracer.ray.levels", "tracer.ray.resources"}
+    for path in sorted(TIMELINE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("tracer", "tracer.ray"):
+                names = [f"{node.module}.{alias.name}" for alias in node.names]  # a submodule
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith(("ray", "tracer")):
+                    assert name in allowed or name.startswith("tracer.ray.timeline"), (
+                        f"{path.name} imports {name}"
+                    )
+
+
+def _measured(start: int, node: str, pid: int, peak: int) -> dict[str, object]:
+    return {"start_ns": start, "end_ns": start + 10 * MS, "node_id": node, "pid": pid,
+            "heap_peak": peak, "rss_peak": 100 * MIB, "allocations": 3}
+
+
+def test_a_producer_draws_a_run_with_facts(tmp_path: Path) -> None:
+    path = tmp_path / "facts.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="facts", runner_name="engine", level=TracingLevel.MEMORY,
+                         cluster_resources={"CPU": 2.0, "memory": 4.0 * (1 << 30)},
+                         loop_pid=77, loop_tid=77)
+        request = ResourceRequest(num_cpus=1, memory_bytes=4 * MIB)
+        tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: 0})
+        tasks = []
+        for i, node in enumerate(["n" * 40, "m" * 40]):
+            task = tl.task_created(TimelineTask, f"t{i}", 0, request, T0 + i * MS,
+                                   stage_name="map")
+            tl.task_dispatched(task, T0 + 2 * MS)
+            tasks.append((task, node))
+        tl.count_inflight(2)
+        tl.end_loop({L.ARG_TASKS_DISPATCHED: 2})
+        for i, (task, node) in enumerate(tasks):
+            tl.execution(_measured(T0 + 3 * MS, node, 500 + i, (2 + 4 * i) * MIB), task)
+            tl.task_ended(task, T0 + 20 * MS, None)
+        failed = tl.task_created(TimelineTask, "t2", 0, request, T0 + 21 * MS)
+        tl.task_ended(failed, T0 + 22 * MS, {L.ARG_STATUS: L.STATUS_FAILED})
+        tl.mark(tl.locate("n" * 40, 501), L.INSTANT_TASK_FAILED, T0 + 22 * MS,
+                {L.ARG_TASK_ID: "t2"})
+        tl.lost("t3", "never came")
+        tl.stage_done(0)
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    names = {t.name for t in model.tracks.values()}
+    assert {"Scheduler (engine)", L.DISPATCH_LOOP_THREAD, L.TASKS_TRACK, L.STAGES_TRACK,
+            "0: map", "worker 500", "worker 501", L.COUNTER_NODE_MEMORY_USED} <= names
+    assert {n for n in names if n and n.startswith(L.NODE_PROCESS_PREFIX)} == {
+        "Node 0 (nnnnnnnn)", "Node 1 (mmmmmmmm)"}
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert [e.name for e in executions] == ["map", "map"]
+    assert [e.args.get(L.ARG_OVER_REQUEST) for e in executions] == [None, True]
+    (stage,) = [s for s in model.slices if s.category == L.CAT_STAGE]
+    assert stage.args[L.ARG_TASKS_OVER_REQUEST] == 1
+    assert sorted((f.source_id, f.dest_id) for f in model.flows) == sorted(
+        (stage.id, e.id) for e in executions)
+    (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
+    assert run.args[L.ARG_LOST_MEASUREMENTS] == 1
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        summary = q.stage_summary()
+    assert list(summary["stage"]) == ["map"] and list(summary["tasks"]) == [3]
+    assert_engines_agree(path)
+
+
+def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
+    """Ray's phases nest on the worker's 'Ray phases' track, its states on the lane's 'Ray
+    states' track within 'dispatched'; a state timed outside that slice is clamped into it;
+    what never came is counted."""
+    from tracer.ray.timeline import RayTaskEvents
+
+    path = tmp_path / "ray-events.perfetto-trace"
+    request = ResourceRequest(num_cpus=1)
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="rayev", loop_pid=77, loop_tid=77)
+        tl.expect_ray_events()
+        a = tl.task_created(TimelineTask, "a", 0, request, T0, stage_name="map")
+        b = tl.task_created(TimelineTask, "b", 0, request, T0, stage_name="map")
+        for task in (a, b):
+            tl.task_dispatched(task, T0 + 1 * MS)
+        measured = {"start_ns": T0 + 5 * MS, "end_ns": T0 + 9 * MS, "node_id": "n" * 40,
+                    "pid": 500, "ray_task_id": "aa"}
+        tl.execution(measured, a)
+        tl.task_ended(a, T0 + 12 * MS, None)
+        tl.execution({**measured, "ray_task_id": "bb", "pid": 501}, b)
+        tl.task_ended(b, T0 + 12 * MS, None)
+        assert sorted(tl.ray_events_wanted()) == ["aa", "bb"]
+        states = ((L.STATE_PENDING_ARGS, T0), (L.STATE_PENDING_NODE, T0 + 2 * MS),
+                  (L.STATE_SUBMITTED, T0 + 3 * MS), (L.STATE_RUNNING, T0 + 4 * MS),
+                  (L.STATE_FINISHED, T0 + 11 * MS))
+        phases = ((L.PHASE_DESERIALIZE, T0 + 4 * MS, T0 + 5 * MS),
+                  (L.PHASE_EXECUTE, T0 + 5 * MS, T0 + 9 * MS),
+                  (L.PHASE_STORE_OUTPUTS, T0 + 9 * MS, T0 + 10 * MS))
+        ev_a = RayTaskEvents("aa", 0, "map_fn", "n" * 40, 500, states,
+                             (T0 + 4 * MS, T0 + 10 * MS), phases)
+        not_yet = RayTaskEvents("bb", 0, "map_fn", "n" * 40, 501, states[:2])
+        unknown = RayTaskEvents("cc", 0, "other", "n" * 40, 500, states, (T0, T0 + MS), ())
+        assert tl.ray_events([ev_a, not_yet, unknown], dropped_by_ray=3) == 1
+        assert tl.ray_events_wanted() == ["bb"]  # asked for again: its worker's part is late
+        assert tl.ray_events([not_yet], final=True) == 0  # the close: states drawn, still missing
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    track_names = {t.uuid: t.name for t in model.tracks.values()}
+    ray_tracks = {u for u, n in track_names.items()
+                  if n in (L.RAY_PHASES_TRACK, L.RAY_STATES_TRACK)}
+    ray_slices = [s for s in model.slices if s.track_uuid in ray_tracks]
+    assert all(s.category == L.CAT_RAY for s in ray_slices)
+    spans = [s for s in ray_slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert [(s.name, s.ts, s.dur, s.args[L.ARG_TASK_ID]) for s in spans] == [
+        ("ray task map_fn", T0 + 4 * MS, 6 * MS, "a")]
+    assert track_names[spans[0].track_uuid] == L.RAY_PHASES_TRACK
+    worker_track = model.tracks[spans[0].track_uuid].parent_uuid
+    assert worker_track is not None and track_names[worker_track] == "worker 500"
+    nested = sorted(
+        (s.ts, s.name) for s in ray_slices if s.depth == 1 and s.track_uuid == spans[0].track_uuid)
+    assert [n for _, n in nested] == [L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS]
+    assert {s.depth for s in model.slices_on(a.lane.uuid)} == {0, 1}  # the task, dispatched
+    (states_a,) = [t for t in model.tracks.values()
+                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == a.lane.uuid]
+    lane_a = sorted(model.slices_on(states_a.uuid), key=lambda s: s.ts)
+    # PENDING_ARGS_AVAIL at T0 (before the dispatch at T0 + 1 ms) is clamped into 'dispatched';
+    # FINISHED lasts until the task was received (12 ms).
+    assert [s.name for s in lane_a] == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE,
+                                        L.STATE_SUBMITTED, L.STATE_RUNNING, L.STATE_FINISHED]
+    assert lane_a[0].ts == T0 + 1 * MS and lane_a[-1].end_ts == T0 + 12 * MS
+    (states_b,) = [t for t in model.tracks.values()
+                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == b.lane.uuid]
+    lane_b = [s.name for s in sorted(model.slices_on(states_b.uuid), key=lambda s: s.ts)]
+    assert lane_b == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE]
+    run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0)
+    assert run.args[L.ARG_RAY_EVENTS_MISSING] == 1
+    assert run.args[L.ARG_RAY_EVENTS_DROPPED] == 3
+
+
+def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> None:
+    path = tmp_path / "no-ray-events.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="plain", loop_pid=77, loop_tid=77)
+        task = tl.task_created(TimelineTask, "a", 0, ResourceRequest(num_cpus=1), T0)
+        tl.task_dispatched(task, T0 + MS)
+        tl.execution({"start_ns": T0 + 2 * MS, "end_ns": T0 + 3 * MS, "node_id": "n",
+                      "pid": 5, "ray_task_id": "aa"}, task)
+        tl.task_ended(task, T0 + 4 * MS, None)
+        assert tl.ray_events_wanted() == []
+        tl.close()
+    run = next(s for s in read_trace(path).slices if s.name == L.SLICE_EXECUTION)
+    assert L.ARG_RAY_EVENTS_MISSING not in run.args

@@ -1,0 +1,272 @@
+"""``tracer convert TIMELINE.json``: Ray's timeline (Chrome JSON) as a native Perfetto trace.
+
+``ray timeline`` and ``ray.timeline()`` write every task's profile events as
+Chrome JSON: one complete event (``"ph": "X"``) per phase, ``pid`` the node
+(its IP, or an index named by a ``process_name`` metadata event in the
+dashboard's version), ``tid`` the worker (``worker:<id>``, or an index named
+by ``thread_name``). The UI struggles with such files past a few thousand
+tasks (ray#32031). The conversion writes the same events as tracer's
+compressed protobuf: a process per node, a thread per worker (and per
+driver), each task's ``ray task <name>`` slice with Ray's phases nested in
+it (``deserialize arguments``, ``execute``, ``store outputs``) and its task
+id and name as annotations; other events (``submit_task`` on the driver,
+...) under their own names.
+
+It streams: the file is read twice (names first, then events), one event at
+a time (:mod:`tracer.cli.chrome_json`), so memory holds a chunk, the names of
+nodes and workers, and the few events of one task at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tracer.cli._common import warn
+from tracer.cli.chrome_json import ChromeJsonError, iter_events
+from tracer.format import TraceWriter, Track
+from tracer.ray import layout as L
+
+HELP = "convert Ray's timeline (ray timeline / ray.timeline() Chrome JSON) to a Perfetto trace"
+
+#: Ray's profile events of a task's phases, and their names in tracer's traces.
+_PHASES = {
+    "task:deserialize_arguments": L.PHASE_DESERIALIZE,
+    "task:execute": L.PHASE_EXECUTE,
+    "task:store_outputs": L.PHASE_STORE_OUTPUTS,
+}
+#: Annotations kept from an event's args (Ray's; the rest is colour and repetition).
+_ARGS = ("task_id", "job_id", "attempt_number", "func_or_class_name", "actor_id", "name")
+#: Events of a worker held until its task's own slice arrives (Ray lists a task's
+#: phases before it); past this many, written as they are.
+_MAX_PENDING = 64
+_PID_BASE = 1_000_000
+_TID_BASE = 2_000_000  # tids are unique across processes: trace_processor keys threads by tid
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help=HELP,
+        description=(
+            "Convert a Ray timeline, the Chrome JSON that `ray timeline` or ray.timeline() "
+            "writes, to a native Perfetto trace: a process per node, a thread per worker, "
+            "each task with Ray's phases nested in it and its task id as an annotation. "
+            "Streams, so any size converts in bounded memory."
+        ),
+    )
+    parser.add_argument("json", metavar="TIMELINE", help="the Chrome JSON file")
+    parser.add_argument(
+        "-o", "--output", metavar="TRACE",
+        help="the trace to write (default: TIMELINE with .perfetto-trace for .json)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = Path(args.json)
+    out = Path(args.output) if args.output else source.with_suffix(".perfetto-trace")
+    if out.resolve() == source.resolve():
+        raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
+    if source.is_dir():
+        raise ChromeJsonError(f"{source}: is a folder, not a JSON file")
+    stats = convert(source, out)
+    if stats.skipped:
+        warn(f"{stats.skipped} event(s) skipped: not complete ('X') events with a time")
+    print(f"{out}: {stats.tasks} task(s), {stats.slices} slice(s) on {stats.workers} "
+          f"thread(s) of {stats.nodes} node(s)", file=sys.stdout)
+    return 0
+
+
+class Stats:
+    """What a conversion wrote."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.slices = 0
+        self.skipped = 0
+        self.nodes = 0
+        self.workers = 0
+
+
+def _events(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        yield from iter_events(f, str(path))
+
+
+def convert(source: Path, out: Path) -> Stats:
+    """Convert ``source`` (Chrome JSON) into ``out``; raises ChromeJsonError on bad input."""
+    names: dict[tuple[str, str | None], str] = {}
+    for ev in _events(source):  # first pass: the names of processes and threads
+        if ev.get("ph") == "M" and isinstance(ev.get("args"), dict):
+            label = ev["args"].get("name")
+            if ev.get("name") == "process_name" and label:
+                names[(str(ev.get("pid")), None)] = str(label)
+            elif ev.get("name") == "thread_name" and label:
+                names[(str(ev.get("pid")), str(ev.get("tid")))] = str(label)
+    stats = Stats()
+    with TraceWriter(out, compress=True) as w:
+        conv = _Converter(w, names, stats)
+        for ev in _events(source):
+            conv.add(ev)
+        conv.flush_all()
+    return stats
+
+
+class _Lane:
+    __slots__ = ("hi", "lo", "track")
+
+    def __init__(self, track: Track) -> None:
+        self.track = track
+        self.lo: int | None = None
+        self.hi: int | None = None
+
+
+class _Thread:
+    """A worker's (or driver's) thread track, its lanes, and its events held for a task."""
+
+    __slots__ = ("lanes", "name", "pending", "pid", "track")
+
+    def __init__(self, track: Track, pid: int, name: str) -> None:
+        self.track = track
+        self.pid = pid
+        self.name = name
+        self.lanes: list[_Lane] = [_Lane(track)]
+        self.pending: list[tuple[int, int, str, dict[str, Any]]] = []
+
+
+class _Converter:
+    def __init__(
+        self, w: TraceWriter, names: dict[tuple[str, str | None], str], stats: Stats
+    ) -> None:
+        self.w = w
+        self.names = names
+        self.stats = stats
+        self.nodes: dict[str, int] = {}
+        self.threads: dict[tuple[str, str], _Thread] = {}
+
+    def add(self, ev: dict[str, Any]) -> None:
+        ph = ev.get("ph")
+        if ph == "M":
+            return
+        ts: Any = ev.get("ts")
+        dur: Any = ev.get("dur", 0)
+        if ph != "X" or not _number(ts) or not _number(dur) or dur < 0:
+            self.stats.skipped += 1
+            return
+        start = round(ts * 1000)
+        end = start + round(dur * 1000)
+        thread = self._thread(str(ev.get("pid")), str(ev.get("tid")))
+        cat = str(ev.get("cat") or "")
+        raw = ev.get("args")
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if cat.startswith("task::"):
+            self._task(thread, ev, cat, start, end, args)
+            return
+        name = _PHASES.get(cat) or str(ev.get("name") or cat or "event")
+        kept = {k: _scalar(args[k]) for k in _ARGS if k in args and k != "name"}
+        thread.pending.append((start, end, name, kept))
+        if len(thread.pending) > _MAX_PENDING:
+            self._write_group(thread, None)
+
+    def _task(
+        self, thread: _Thread, ev: dict[str, Any], cat: str, start: int, end: int,
+        args: dict[str, Any],
+    ) -> None:
+        """A task's own slice: written with the held events that fall inside it."""
+        name = cat[len("task::"):] or str(ev.get("name") or "task")
+        kept: dict[str, Any] = {k: _scalar(args[k]) for k in _ARGS if k in args}
+        inside = [p for p in thread.pending if start <= p[0] and p[1] <= end]
+        outside = [p for p in thread.pending if not (start <= p[0] and p[1] <= end)]
+        thread.pending = outside
+        self.stats.tasks += 1
+        self._write_group(thread, (start, end, L.RAY_TASK_PREFIX + name, kept), inside)
+
+    def _write_group(
+        self, thread: _Thread, root: tuple[int, int, str, dict[str, Any]] | None,
+        children: list[tuple[int, int, str, dict[str, Any]]] | None = None,
+    ) -> None:
+        """Write a task with its phases (or held events on their own) on a lane they fit."""
+        if root is None:
+            group = sorted(thread.pending, key=lambda p: (p[0], -p[1]))
+            thread.pending = []
+            for item in group:
+                self._write(thread, item[0], item[1], [item])
+            return
+        items = [root, *sorted(children or [], key=lambda p: (p[0], -p[1]))]
+        self._write(thread, root[0], root[1], items)
+
+    def _write(
+        self, thread: _Thread, lo: int, hi: int, items: list[tuple[int, int, str, dict[str, Any]]]
+    ) -> None:
+        lane = self._lane(thread, lo, hi)
+        w = self.w
+        stack: list[int] = []
+        for start, end, name, args in items:
+            while stack and stack[-1] <= start:
+                w.end(lane.track, stack.pop())
+            if stack:  # clamp into the enclosing slice (Ray's phases end inside their task)
+                end = min(end, stack[-1])
+            w.begin(lane.track, name, start, category=L.CAT_RAY, args=args or None)
+            stack.append(end)
+            self.stats.slices += 1
+        while stack:
+            w.end(lane.track, stack.pop())
+
+    def _lane(self, thread: _Thread, lo: int, hi: int) -> _Lane:
+        """The first lane of the thread where [lo, hi] is before or after all it holds.
+
+        Ray lists a worker's tasks newest first or oldest first, rarely mixed; tasks
+        that overlap (threaded actors) or come out of order go on lanes of their own."""
+        for lane in thread.lanes:
+            if lane.lo is None or lane.hi is None or hi <= lane.lo or lo >= lane.hi:
+                lane.lo = lo if lane.lo is None else min(lane.lo, lo)
+                lane.hi = hi if lane.hi is None else max(lane.hi, hi)
+                return lane
+        lane = _Lane(self.w.track(thread.name, parent=thread.track))
+        lane.lo, lane.hi = lo, hi
+        thread.lanes.append(lane)
+        return lane
+
+    def _thread(self, pid: str, tid: str) -> _Thread:
+        thread = self.threads.get((pid, tid))
+        if thread is not None:
+            return thread
+        node = self.nodes.get(pid)
+        if node is None:
+            node = self.nodes[pid] = _PID_BASE + len(self.nodes)
+            label = self.names.get((pid, None)) or f"{L.NODE_PROCESS_PREFIX} {pid}"
+            self.w.process_track(node, label, rank=len(self.nodes))
+            self.stats.nodes += 1
+        name = _thread_name(self.names.get((pid, tid)) or tid)
+        tid_num = len(self.threads) + 1
+        track = self.w.thread_track(node, _TID_BASE + tid_num, name)
+        thread = self.threads[(pid, tid)] = _Thread(track, node, name)
+        self.stats.workers += 1
+        return thread
+
+    def flush_all(self) -> None:
+        for thread in self.threads.values():
+            if thread.pending:
+                self._write_group(thread, None)
+
+
+def _thread_name(tid: str) -> str:
+    """``worker:<hex id>`` as ``worker 1a2b3c4d`` (the id's first 8 characters)."""
+    kind, sep, ident = tid.partition(":")
+    if sep and kind in ("worker", "driver") and ident:
+        return f"{kind} {ident[:8]}"
+    return tid
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value if value is not None else ""
+    return str(value)

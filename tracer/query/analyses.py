@@ -1,0 +1,406 @@
+"""The analyses of the reader engine, computed from :class:`~tracer.query.collect.TraceRows`.
+
+Each function here mirrors one file of ``tracer/query/sql`` step by step
+(same joins, same NULL rules, same nearest-rank percentiles, same ordering),
+so that both engines give the same rows; ``tests/query`` checks that they
+agree. Results are lists of dicts; :func:`tracer.query.columns.to_frame`
+types them.
+
+``tracer_task_latency`` is a list of tuples (:data:`LATENCY_COLUMNS` names
+their items): a million tasks stay a few hundred MB.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
+
+from tracer.query.collect import PHASES, TraceRows
+
+__all__ = [
+    "GAPS_BETWEEN_WAVES",
+    "GAPS_IN_WAVES",
+    "LATENCY_COLUMNS",
+    "dispatch_loop",
+    "latency_by_stage",
+    "latency_rows",
+    "memory_by_node",
+    "memory_by_stage",
+    "memory_flagged",
+    "nearest_rank",
+    "stage_summary",
+    "task_latency",
+    "worker_utilisation",
+]
+
+Row = dict[str, Any]
+_K = TypeVar("_K", bound=Hashable)
+
+GAPS_IN_WAVES = "gaps in waves"
+GAPS_BETWEEN_WAVES = "gaps between waves"
+
+#: The columns of ``tracer_task_latency`` (tracer_tables.sql), in the order of its tuples.
+LATENCY_COLUMNS = (
+    "task_id",
+    "attempt",
+    "stage_id",
+    "stage",
+    "status",
+    "node",
+    "worker",
+    "created_ts",
+    "dispatched_ts",
+    "started_ts",
+    "finished_ts",
+    "received_ts",
+    "waiting_ns",
+    "scheduling_ns",
+    "running_ns",
+    "pickup_ns",
+    "total_ns",
+    "memory_requested",
+    "memory_peak",
+    "peak_source",
+    "memory_at_kill",
+    "task_slice_id",
+    "execution_slice_id",
+)
+(
+    TASK_ID, ATTEMPT, STAGE_ID, STAGE, STATUS, NODE, WORKER, CREATED, DISPATCHED, STARTED,
+    FINISHED, RECEIVED, WAITING, SCHEDULING, RUNNING, PICKUP, TOTAL, MEM_REQUESTED, MEM_PEAK,
+    PEAK_SOURCE, MEM_AT_KILL, TASK_SLICE, EXECUTION_SLICE,
+) = range(len(LATENCY_COLUMNS))
+_PHASE_COLUMNS = {"waiting": WAITING, "scheduling": SCHEDULING, "running": RUNNING,
+                  "pickup": PICKUP, "total": TOTAL}
+
+Latency = list[tuple[Any, ...]]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def nearest_rank(values: Iterable[int], p: int) -> int | None:
+    """The nearest-rank ``p``-th percentile: the value at rank ceil(p * n / 100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[(p * len(ordered) + 99) // 100 - 1]
+
+
+def _sub(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
+
+
+def _max(values: Iterable[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _min(values: Iterable[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _key(value: Any) -> tuple[bool, Any]:
+    """Sort key that puts None first, as SQLite orders NULL."""
+    return (value is not None, value)
+
+
+def _group(rows: Iterable[Any], key: Callable[[Any], _K]) -> dict[_K, list[Any]]:
+    groups: dict[_K, list[Any]] = defaultdict(list)
+    for row in rows:
+        groups[key(row)].append(row)
+    return groups
+
+
+def _over_request(row: tuple[Any, ...]) -> bool:
+    req, peak = row[MEM_REQUESTED], row[MEM_PEAK]
+    return req is not None and peak is not None and req > 0 and peak > req
+
+
+def _by_stage(rows: Latency) -> list[tuple[Any, Latency]]:
+    groups = _group(rows, lambda r: r[STAGE_ID])
+    return sorted(groups.items(), key=lambda kv: _key(kv[0]))
+
+
+def _values(rows: Latency, column: int) -> list[int]:
+    return [r[column] for r in rows if r[column] is not None]
+
+
+# ------------------------------------------------------------ base table
+
+
+def latency_rows(rows: TraceRows) -> Latency:
+    """``tracer_task_latency``: task attempts joined to their execution by ``task_id``.
+
+    An execution goes to the latest attempt of its task_id created before it
+    started; an attempt keeps its latest execution.
+    """
+    tasks = rows.tasks
+    by_task_id: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
+    for t in tasks:
+        if t[2] is not None:
+            by_task_id[t[2]].append(t)
+    chosen: dict[int, tuple[Any, ...]] = {}
+    for e in rows.executions:
+        task_id = e[2]
+        candidates = by_task_id.get(task_id) if task_id is not None else None
+        if not candidates:
+            continue
+        start = e[1]
+        if len(candidates) == 1:
+            best = candidates[0]
+        else:
+
+            def order(t: tuple[Any, ...], start: int = start) -> tuple[bool, int, int]:
+                before = t[1] <= start
+                return (not before, -t[1] if before else t[1], t[0])
+
+            best = min(candidates, key=order)
+        current = chosen.get(best[0])
+        if current is None or (start, e[0]) > (current[1], current[0]):
+            chosen[best[0]] = e
+    out: Latency = []
+    for t in tasks:
+        t_id, created, task_id, attempt, stage_id, stage, status, requested, at_kill, received, \
+            dispatched = t
+        m = chosen.get(t_id)
+        if m is None:
+            started = finished = m_requested = peak = source = m_status = node = worker = None
+            m_id = None
+        else:
+            m_id, started, _, _, finished, m_requested, peak, source, m_status, node, worker = m
+        if status is not None:
+            final_status = status
+        elif m_status is not None:
+            final_status = m_status
+        else:
+            final_status = "ok"
+        total = None if received is None else received - created
+        pickup = None if received is None or finished is None else received - finished
+        running = None if finished is None or started is None else finished - started
+        for d in _each(dispatched):
+            out.append(
+                (
+                    task_id, attempt, stage_id, stage, final_status, node, worker,
+                    created, d, started, finished, received,
+                    None if d is None else d - created,
+                    None if started is None or d is None else started - d,
+                    running, pickup, total,
+                    requested if m_requested is None else m_requested,
+                    peak, source, at_kill, t_id, m_id,
+                )
+            )
+    return out
+
+
+def _each(dispatched: Any) -> tuple[Any, ...]:
+    if dispatched is None or isinstance(dispatched, int):
+        return (dispatched,)
+    return tuple(dispatched)
+
+
+# ---------------------------------------------------------------- analyses
+
+
+def task_latency(latency: Latency) -> list[Row]:
+    """``task_latency.sql``."""
+    ordered = sorted(
+        latency, key=lambda r: (_key(r[CREATED]), _key(r[TASK_ID]), _key(r[ATTEMPT]))
+    )
+    return [dict(zip(LATENCY_COLUMNS, r, strict=True)) for r in ordered]
+
+
+def stage_summary(latency: Latency) -> list[Row]:
+    """``stage_summary.sql``."""
+    out: list[Row] = []
+    for stage_id, rows in _by_stage(latency):
+        durs = _values(rows, RUNNING)
+        peaks = _values(rows, MEM_PEAK)
+        out.append(
+            {
+                "stage_id": stage_id,
+                "stage": _min(r[STAGE] for r in rows),
+                "tasks": len(rows),
+                "failed": sum(1 for r in rows if r[STATUS] == "failed"),
+                "wall_ns": _sub(_max(r[RECEIVED] for r in rows), _min(r[CREATED] for r in rows)),
+                "dur_p50_ns": nearest_rank(durs, 50),
+                "dur_p95_ns": nearest_rank(durs, 95),
+                "dur_max_ns": _max(durs),
+                "memory_requested": _max(r[MEM_REQUESTED] for r in rows),
+                "peak_p50_bytes": nearest_rank(peaks, 50),
+                "peak_max_bytes": _max(peaks),
+                "over_request": sum(1 for r in rows if _over_request(r)),
+            }
+        )
+    return out
+
+
+def latency_by_stage(latency: Latency) -> list[Row]:
+    """``latency_by_stage.sql``."""
+    out: list[Row] = []
+    for stage_id, rows in _by_stage(latency):
+        row: Row = {"stage_id": stage_id, "stage": _min(r[STAGE] for r in rows),
+                    "tasks": len(rows)}
+        for phase, column in _PHASE_COLUMNS.items():
+            values = _values(rows, column)
+            row[f"{phase}_p50_ns"] = nearest_rank(values, 50)
+            row[f"{phase}_p95_ns"] = nearest_rank(values, 95)
+        out.append(row)
+    return out
+
+
+def dispatch_loop(rows: TraceRows) -> list[Row]:
+    """``dispatch_loop.sql``."""
+    span = rows.span
+    table: list[tuple[str, int | None, int]] = []
+    for phase in PHASES:
+        count = rows.phase_count[phase]
+        if count:
+            table.append((phase, count, rows.phase_total[phase] - rows.phase_nested[phase]))
+    table.append((GAPS_IN_WAVES, None, rows.waves - rows.in_waves))
+    table.append((GAPS_BETWEEN_WAVES, None, span - rows.waves - rows.outside_waves))
+    return [
+        {
+            "phase": phase,
+            "count": count,
+            "total_ns": total,
+            "mean_ns": None if not count else total / count,
+            "share": None if span == 0 else total / span,
+        }
+        for phase, count, total in table
+    ]
+
+
+def worker_utilisation(rows: TraceRows, buckets: int = 20) -> list[Row]:
+    """``worker_utilisation.sql`` with ``buckets`` buckets."""
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be a positive integer, got {buckets!r}")
+    execs = rows.executions
+    start, end = rows.start, rows.end
+    if not execs or start is None or end is None:
+        return []
+    size = max((end - start + buckets - 1) // buckets, 1)
+    # Busy time per worker and bucket, each execution spread over the buckets it overlaps.
+    busy: dict[tuple[Any, Any], list[int]] = {}
+    for e in execs:
+        worker = (e[9], e[10])
+        row = busy.get(worker)
+        if row is None:
+            row = busy[worker] = [0] * buckets
+        e_start, e_end = e[1], e[4]
+        first = max((e_start - start) // size, 0)
+        for i in range(first, buckets):
+            lo = start + i * size
+            if lo >= e_end:
+                break
+            hi = lo + size
+            if e_start < hi and e_end > lo:
+                row[i] += min(e_end, hi) - max(e_start, lo)
+    out: list[Row] = []
+    for (node, worker), per_bucket in sorted(
+        busy.items(), key=lambda kv: (_key(kv[0][0]), _key(kv[0][1]))
+    ):
+        for i, busy_ns in enumerate(per_bucket):
+            out.append(
+                {
+                    "node": node,
+                    "worker": worker,
+                    "bucket": i,
+                    "start_ns": i * size,
+                    "bucket_ns": size,
+                    "busy_ns": busy_ns,
+                    "busy_fraction": busy_ns / size,
+                }
+            )
+    return out
+
+
+def memory_by_stage(latency: Latency) -> list[Row]:
+    """``memory_by_stage.sql``."""
+    out: list[Row] = []
+    for stage_id, rows in _by_stage(latency):
+        peaks = _values(rows, MEM_PEAK)
+        ratios = [
+            r[MEM_PEAK] / r[MEM_REQUESTED]
+            for r in rows
+            if r[MEM_REQUESTED] is not None and r[MEM_REQUESTED] > 0 and r[MEM_PEAK] is not None
+        ]
+        out.append(
+            {
+                "stage_id": stage_id,
+                "stage": _min(r[STAGE] for r in rows),
+                "tasks": len(rows),
+                "measured": len(peaks),
+                "requested_bytes": _max(r[MEM_REQUESTED] for r in rows),
+                "peak_p50_bytes": nearest_rank(peaks, 50),
+                "peak_max_bytes": _max(peaks),
+                "over_request": sum(1 for r in rows if _over_request(r)),
+                "no_request": sum(
+                    1 for r in rows if not r[MEM_REQUESTED] and r[MEM_PEAK] is not None
+                ),
+                "oom_killed": sum(1 for r in rows if r[MEM_AT_KILL] is not None),
+                "peak_to_request_max": _max(ratios),
+            }
+        )
+    return out
+
+
+def memory_by_node(latency: Latency) -> list[Row]:
+    """``memory_by_node.sql``."""
+    measured = [r for r in latency if r[MEM_PEAK] is not None]
+    out: list[Row] = []
+    groups = _group(measured, lambda r: r[NODE])
+    for node, rows in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+        peaks = _values(rows, MEM_PEAK)
+        over = [r for r in rows if _over_request(r)]
+        out.append(
+            {
+                "node": node,
+                "tasks": len(rows),
+                "peak_p50_bytes": nearest_rank(peaks, 50),
+                "peak_max_bytes": _max(peaks),
+                "over_request": len(over),
+                "excess_max_bytes": _max(r[MEM_PEAK] - r[MEM_REQUESTED] for r in over),
+            }
+        )
+    return out
+
+
+def memory_flagged(latency: Latency) -> list[Row]:
+    """``memory_flagged.sql``."""
+    out: list[Row] = []
+    for r in latency:
+        killed = r[MEM_AT_KILL] is not None
+        if not killed and not _over_request(r):
+            continue
+        requested = r[MEM_REQUESTED]
+        peak = r[MEM_PEAK] if r[MEM_PEAK] is not None else r[MEM_AT_KILL]
+        has_request = requested is not None and requested > 0
+        out.append(
+            {
+                "task_id": r[TASK_ID],
+                "attempt": r[ATTEMPT],
+                "stage_id": r[STAGE_ID],
+                "stage": r[STAGE],
+                "node": r[NODE],
+                "worker": r[WORKER],
+                "reason": "oom killed" if killed else "over request",
+                "requested_bytes": requested,
+                "peak_bytes": peak,
+                "peak_source": r[PEAK_SOURCE] if r[MEM_PEAK] is not None else "at kill",
+                "excess_bytes": _sub(peak, requested) if has_request else None,
+                "ratio": peak / requested if has_request and peak is not None else None,
+            }
+        )
+    out.sort(
+        key=lambda r: (
+            r["reason"] != "oom killed",
+            r["excess_bytes"] is None,
+            -(r["excess_bytes"] or 0),
+            _key(r["task_id"]),
+            _key(r["attempt"]),
+        )
+    )
+    return out

@@ -1,0 +1,349 @@
+"""What the reader engine keeps of a trace: a row per task attempt and per execution, and sums.
+
+:class:`TraceRows` is a :class:`~tracer.format.TraceVisitor`: it is handed
+every slice of the trace once (by :func:`tracer.format.scan_trace`, or from
+a :class:`~tracer.format.TraceModel` by :func:`rows_from_model`) and keeps
+only what the analyses of ``tracer/query/sql`` read:
+
+* ``tracer_task``: the task slices (category ``task``, depth 0), with the
+  timestamps of their ``dispatched`` children;
+* ``tracer_execution``: the executions (category ``execution``, not
+  ``task failed``, ended, on a thread's track or one under it), with the
+  node and worker of their thread;
+* the dispatch loop's time per phase, as running sums (dispatch_loop.sql);
+* the trace's first and last moment (``MIN(ts)``, ``MAX(ts + MAX(dur, 0))``
+  over the slice table, instants included) and the run's info slice.
+
+So memory grows with the number of tasks, not with the trace's events. The
+rules are those of the SQL files (same joins, same NULL rules), which
+``tests/query`` checks against trace_processor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from tracer.errors import TraceOrderError
+from tracer.format import (
+    DEFAULT_WINDOW_NS,
+    ScannedInstant,
+    ScannedSlice,
+    TraceModel,
+    TraceScan,
+    TraceVisitor,
+    TrackInfo,
+    scan_trace,
+)
+from tracer.ray import layout as L
+
+__all__ = ["PHASES", "TraceRows", "rows_from_model", "scan_rows"]
+
+#: The dispatch loop's phases, in display order.
+PHASES = (
+    L.SLICE_PLAN_POLLING,
+    L.SLICE_BATCHING,
+    L.SLICE_DISPATCHING,
+    L.SLICE_AWAITING,
+    L.SLICE_NOOP_TASK,
+)
+_LOOP_NAMES = frozenset((L.SLICE_EXECUTION, L.SLICE_WAVE, *PHASES))
+_PHASE_NAMES = frozenset(PHASES)
+
+# A task row: (id, created_ts, task_id, attempt, stage_id, stage, status,
+#              memory_requested, memory_at_kill, received_ts, dispatched)
+# where dispatched is None, a timestamp, or a tuple of them (several children).
+TaskRow = tuple[Any, ...]
+# An execution row: (id, start_ts, task_id, stage, end_ts, memory_requested,
+#                    memory_peak, peak_source, status, node, worker)
+ExecutionRow = tuple[Any, ...]
+
+
+def arg(args: dict[str, Any], *path: str) -> Any:
+    """A scalar annotation (``EXTRACT_ARG``): None for a missing key or a dict/list."""
+    value: Any = args
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return None if isinstance(value, (dict, list)) else value
+
+
+def byte_amount(args: dict[str, Any], *path: str) -> int | None:
+    """A byte amount from the args, or None when it is not a number of bytes.
+
+    tracer.ray writes ints; a trace from elsewhere may hold a string, a bool
+    or an infinite float there, which is treated as not measured rather than
+    stopping every analysis that compares or sums amounts.
+    """
+    value = arg(args, *path)
+    if value.__class__ is bool:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
+class TraceRows(TraceVisitor):
+    """The reader engine's tables, collected from a stream of slices (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskRow] = []
+        self.executions: list[ExecutionRow] = []
+        # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
+        self._children: dict[int, list[int]] = {}
+        self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
+        self.start: int | None = None
+        self.end: int | None = None
+        self.run_info: dict[str, Any] = {}
+        self._run_info_key: tuple[int, int] | None = None
+        # The dispatch loop (see dispatch_loop.sql): per phase (count, total, nested in it).
+        self.phase_count: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.phase_total: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.phase_nested: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.span = 0  # the loop's execution slices
+        self.waves = 0
+        self.in_waves = 0  # phases directly in a wave
+        self.outside_waves = 0  # phases in neither a wave nor a phase
+        # Loop slices that never ended: their duration runs to the trace's end.
+        self._open_loop: list[ScannedSlice] = []
+        self.finished = False
+        self.scan: TraceScan | None = None
+
+    # ------------------------------------------------------------ the stream
+
+    def _intern(self, value: Any) -> Any:
+        if value.__class__ is str:
+            return self._strings.setdefault(value, value)
+        return value
+
+    def slice(self, s: ScannedSlice) -> None:
+        ts = s.ts
+        dur = s.dur
+        end = ts + dur if dur is not None and dur > 0 else ts
+        if self.start is None:
+            self.start = ts
+            self.end = end
+        else:
+            if ts < self.start:
+                self.start = ts
+            if end > self.end:  # type: ignore[operator]
+                self.end = end
+        category = s.category
+        if category == L.CAT_TASK:
+            if s.depth == 0:
+                self._task(s)
+            if s.name == L.SLICE_DISPATCHED and s.parent_id is not None:
+                self._children.setdefault(s.parent_id, []).append(ts)
+        elif category == L.CAT_EXECUTION:
+            if s.name is not None and s.name != L.INSTANT_TASK_FAILED and dur is not None:
+                self._execution(s)
+        elif category == L.CAT_SCHEDULER and s.name in _LOOP_NAMES:
+            if s.name == L.SLICE_EXECUTION and s.depth == 0:
+                key = (ts, s.id)
+                if self._run_info_key is None or key < self._run_info_key:
+                    self._run_info_key = key
+                    self.run_info = {
+                        k: arg(s.args, k) for k in ("execution_id", "runner", "tracing_level")
+                    }
+            if dur is None:
+                self._open_loop.append(s)
+            else:
+                self._loop(s.name, s.parent_name, dur)
+
+    def instant(self, i: ScannedInstant) -> None:
+        ts = i.ts
+        if self.start is None:
+            self.start = self.end = ts
+        else:
+            if ts < self.start:
+                self.start = ts
+            if ts > self.end:  # type: ignore[operator]
+                self.end = ts
+
+    def _task(self, t: ScannedSlice) -> None:
+        args = t.args
+        status = arg(args, L.ARG_STATUS)
+        attempt = arg(args, L.ARG_ATTEMPT)
+        stage = arg(args, L.ARG_STAGE)
+        received = None
+        if t.dur is not None and (status or "") not in ("unfinished", "superseded"):
+            received = t.ts + t.dur
+        children = self._children.pop(t.id, None)
+        dispatched: Any = None
+        if children is not None:
+            dispatched = children[0] if len(children) == 1 else tuple(sorted(children))
+        intern = self._intern
+        self.tasks.append(
+            (
+                t.id,
+                t.ts,
+                arg(args, L.ARG_TASK_ID),
+                0 if attempt is None else attempt,
+                arg(args, L.ARG_STAGE_ID),
+                intern(t.name if stage is None else stage),
+                intern(status),
+                byte_amount(args, L.ARG_RESOURCE_REQUEST, "memory_bytes"),
+                byte_amount(args, L.ARG_MEMORY_AT_KILL),
+                received,
+                dispatched,
+            )
+        )
+
+    def _execution(self, s: ScannedSlice) -> None:
+        args = s.args
+        peak = byte_amount(args, L.ARG_MEMORY_PEAK)
+        source = None
+        if peak is not None:
+            source = "heap" if byte_amount(args, L.ARG_HEAP_PEAK) is not None else "rss"
+        self.executions.append(
+            (
+                s.id,
+                s.ts,
+                arg(args, L.ARG_TASK_ID),
+                s.name,
+                s.ts + s.dur,  # type: ignore[operator]
+                byte_amount(args, L.ARG_MEMORY_REQUESTED),
+                peak,
+                source,
+                self._intern(arg(args, L.ARG_STATUS)),
+                s.track_uuid,  # the node and worker once the tracks are known
+                None,
+            )
+        )
+
+    def _loop(self, name: str | None, parent: str | None, dur: int) -> None:
+        if name == L.SLICE_EXECUTION:
+            self.span += dur
+        elif name == L.SLICE_WAVE:
+            self.waves += dur
+        else:
+            assert name is not None
+            self.phase_count[name] += 1
+            self.phase_total[name] += dur
+            if parent in _PHASE_NAMES:
+                self.phase_nested[parent] += dur
+            elif parent == L.SLICE_WAVE:
+                self.in_waves += dur
+            else:
+                self.outside_waves += dur
+
+    # --------------------------------------------------------------- the end
+
+    def finish(self, tracks: dict[int, TrackInfo]) -> None:
+        """After the last slice: resolve what needed the whole trace."""
+        if self.finished:
+            return
+        self.finished = True
+        end = self.end
+        for s in self._open_loop:
+            self._loop(s.name, s.parent_name, (end if end is not None else s.ts) - s.ts)
+        self._open_loop = []
+        if self._children:
+            self._late_children()
+        self.tasks.sort(key=lambda t: (t[1], t[0]))
+        places: dict[int, tuple[str | None, str | None] | None] = {}
+        # A thread belongs to the process track with its pid (the last one, as the model's).
+        by_pid = {t.pid: t for t in tracks.values() if t.kind == "process" and t.pid is not None}
+        executions: list[ExecutionRow] = []
+        for e in self.executions:
+            uuid = e[9]
+            if uuid in places:
+                place = places[uuid]
+            else:
+                place = places[uuid] = _thread_of(tracks, by_pid, uuid)
+            if place is not None:  # measured in a worker: on (or under) its thread's track
+                executions.append((*e[:9], *place))
+        executions.sort(key=lambda e: (e[1], e[0]))
+        self.executions = executions
+
+    def _late_children(self) -> None:
+        """'dispatched' slices handed over after their task slice (it ended first)."""
+        late = self._children
+        self._children = {}
+        tasks = self.tasks
+        for i, t in enumerate(tasks):
+            extra = late.get(t[0])
+            if extra is None:
+                continue
+            old = t[10]
+            known = [] if old is None else [old] if isinstance(old, int) else list(old)
+            merged = sorted(known + extra)
+            tasks[i] = (*t[:10], merged[0] if len(merged) == 1 else tuple(merged))
+
+
+def _thread_of(
+    tracks: dict[int, TrackInfo], by_pid: dict[int, TrackInfo], uuid: int
+) -> tuple[str | None, str | None] | None:
+    """(node, worker): the process and thread names of the thread a track belongs to;
+    None if it belongs to none.
+
+    As trace_processor's thread_slice (slices.with_context) sees it: a track
+    under a thread track, at any depth, belongs to that thread, and a thread
+    to the process track with its pid.
+    """
+    track = tracks.get(uuid)
+    seen: set[int] = set()
+    while track is not None and track.kind != "thread" and track.uuid not in seen:
+        seen.add(track.uuid)
+        track = tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
+    if track is None or track.kind != "thread":
+        return None
+    process = by_pid.get(track.pid) if track.pid is not None else None
+    return (process.name if process is not None else None), track.name
+
+
+def rows_from_model(model: TraceModel) -> TraceRows:
+    """The same rows from a trace read whole by :func:`tracer.format.read_trace`."""
+    rows = TraceRows()
+    names = {s.id: s.name for s in model.slices}
+    for s in model.slices:
+        rows.slice(
+            ScannedSlice(
+                s.id, s.track_uuid, s.name, s.category, s.ts, s.dur, s.depth, s.parent_id,
+                s.args, s.flow_ids_out, s.flow_ids_in,
+                None if s.parent_id is None else names.get(s.parent_id),
+            )
+        )
+    for i in model.instants:
+        rows.instant(
+            ScannedInstant(
+                i.id, i.track_uuid, i.name, i.category, i.ts, i.depth, i.parent_id, i.args,
+                i.flow_ids_out, i.flow_ids_in,
+                None if i.parent_id is None else names.get(i.parent_id),
+            )
+        )
+    rows.finish(model.tracks)
+    return rows
+
+
+
+def scan_rows(path: str | os.PathLike[str]) -> tuple[TraceRows, TraceScan]:
+    """The rows of the trace at ``path``, streamed (:func:`tracer.format.scan_trace`).
+
+    A trace whose events on a track are further out of order than the scan's
+    window (none of tracer's) is scanned again with a window that holds them,
+    then, if that is not enough either, with no window (memory then grows
+    with the trace's events).
+    """
+    window: int | None = DEFAULT_WINDOW_NS
+    while True:
+        rows = TraceRows()
+        try:
+            scan = scan_trace(path, rows, window_ns=window)
+        except TraceOrderError as exc:
+            if window is None:  # pragma: no cover - a scan without a window never raises it
+                raise
+            window = max(4 * exc.lateness_ns, _RETRY_WINDOW_NS) if window < _RETRY_WINDOW_NS \
+                else None
+            continue
+        rows.finish(scan.tracks)
+        rows.scan = scan
+        return rows, scan
+
+
+#: The window of a second scan of a trace out of order by more than the default's.
+_RETRY_WINDOW_NS = 60_000_000_000

@@ -1,0 +1,192 @@
+"""The ``memory=`` each stage should request, from what its tasks used: ``memory_suggestions``.
+
+Built only on the public analyses of :class:`~tracer.query.TraceQuery`
+(``memory_by_stage``, ``memory_flagged``, ``task_latency``, ``run_info``), so
+both engines give the same suggestions. The rule, per stage:
+
+* **suggested** = the stage's largest measured peak x ``headroom`` (default
+  1.25), rounded up to a whole MiB (at least 1 MiB: a task with no request
+  reserves nothing, which is how clusters overcommit). A task Ray's OOM killer
+  killed counts with the memory its worker used at the kill, a lower bound of
+  what it needed (the note says so).
+* **tasks per node**: how many tasks of that size Ray would place on one node
+  at once by memory alone (CPUs and GPUs may allow fewer): the node's
+  ``memory`` resource // the request. The node's size is the trace's
+  *available memory* counter at the start of the run (the cluster's
+  ``memory`` resource) divided by the nodes that ran tasks, unless
+  ``node_memory`` is given: on a cluster of unequal nodes give it.
+* **change**: suggested - today's request (the largest request of the stage's
+  tasks), and suggested / request.
+
+What a peak is decides what the suggestion means: at level 2 memray's heap
+peak of the task (what the task itself allocated, without the worker's own
+~100 MiB), at level 1 the worker's RSS peak (which includes that baseline, so
+the suggestion is too high by about that much). ``peak_basis`` says which
+(``"heap"``, ``"rss"``, or ``"at kill"`` when the largest is a killed task's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tracer.query.columns import is_missing, records
+from tracer.ray import layout as L
+
+if TYPE_CHECKING:
+    from tracer.query.api import TraceQuery
+
+__all__ = ["DEFAULT_HEADROOM", "SUGGESTION_COLUMNS", "memory_suggestions", "suggested_request"]
+
+DEFAULT_HEADROOM = 1.25
+_MIB = 1 << 20
+
+#: The columns of :func:`memory_suggestions`, with their pandas dtypes.
+SUGGESTION_COLUMNS: dict[str, str] = {
+    "stage_id": "Int64",
+    "stage": "string",
+    "tasks": "Int64",
+    "measured": "Int64",
+    "oom_killed": "Int64",
+    "peak_max_bytes": "Int64",
+    "peak_basis": "string",
+    "requested_bytes": "Int64",
+    "headroom": "float64",
+    "suggested_bytes": "Int64",
+    "change_bytes": "Int64",
+    "change_ratio": "float64",
+    "node_memory_bytes": "Int64",
+    "tasks_per_node": "Int64",
+    "tasks_per_node_now": "Int64",
+    "note": "string",
+}
+
+_BASIS = {1: "rss", 2: "heap"}
+
+
+def suggested_request(peak_bytes: int, headroom: float = DEFAULT_HEADROOM) -> int:
+    """``peak_bytes`` x ``headroom``, rounded up to a whole MiB (at least 1 MiB)."""
+    _check_headroom(headroom)
+    if peak_bytes < 0:
+        raise ValueError(f"peak_bytes must be >= 0, got {peak_bytes}")
+    return max(1, math.ceil(peak_bytes * headroom / _MIB)) * _MIB
+
+
+def memory_suggestions(
+    q: TraceQuery, headroom: float = DEFAULT_HEADROOM, node_memory: int | None = None
+) -> pd.DataFrame:
+    """One row per stage of ``q``'s trace: the request to make; see the module doc."""
+    _check_headroom(headroom)
+    if node_memory is not None and (isinstance(node_memory, bool) or node_memory <= 0):
+        raise ValueError(f"node_memory must be a positive number of bytes, got {node_memory!r}")
+    level = q.run_info().get("tracing_level")
+    basis = _BASIS.get(level) if isinstance(level, int) else None
+    killed_at: dict[Any, int] = {}
+    for row in records(q.memory_flagged()):
+        if row["reason"] == "oom killed" and row["peak_bytes"] is not None:
+            key = row["stage_id"]
+            killed_at[key] = max(killed_at.get(key, 0), int(row["peak_bytes"]))
+    node_bytes = node_memory if node_memory is not None else _observed_node_memory(q)
+    rows = []
+    for stage in records(q.memory_by_stage()):
+        rows.append(_suggest(stage, killed_at.get(stage["stage_id"]), basis, headroom, node_bytes))
+    frame = pd.DataFrame(
+        {c: pd.array([r[c] for r in rows], dtype=t) for c, t in SUGGESTION_COLUMNS.items()},
+        columns=list(SUGGESTION_COLUMNS),
+    )
+    return frame
+
+
+def _suggest(
+    stage: dict[str, Any], killed_at: int | None, basis: str | None, headroom: float,
+    node_bytes: int | None,
+) -> dict[str, Any]:
+    peak = stage["peak_max_bytes"]
+    requested = stage["requested_bytes"] or None  # 0: no request
+    notes = []
+    if killed_at is not None and (peak is None or killed_at > peak):
+        peak, basis = killed_at, "at kill"
+    if stage["oom_killed"]:
+        notes.append(
+            f"{stage['oom_killed']} task(s) killed by Ray's OOM killer: the peak is at least "
+            "their memory at the kill, so this is a lower bound"
+        )
+    if basis == "rss":
+        notes.append("level-1 peaks are worker RSS, including the worker's own ~100 MiB")
+    suggested = change = ratio = per_node = per_node_now = None
+    if peak is None:
+        notes.insert(0, "no measured task: nothing to suggest from")
+    else:
+        suggested = suggested_request(int(peak), headroom)
+        change = suggested - (requested or 0)
+        ratio = suggested / requested if requested else float("nan")
+        if node_bytes:
+            per_node = node_bytes // suggested
+            per_node_now = node_bytes // requested if requested else None
+            if per_node == 0:
+                notes.append("larger than a node's memory: Ray could never schedule it")
+    if requested is None and peak is not None:
+        notes.append("no request today: Ray reserves nothing for these tasks")
+    return {
+        "stage_id": stage["stage_id"],
+        "stage": stage["stage"],
+        "tasks": stage["tasks"],
+        "measured": stage["measured"],
+        "oom_killed": stage["oom_killed"],
+        "peak_max_bytes": peak,
+        "peak_basis": basis,
+        "requested_bytes": requested,
+        "headroom": float(headroom),
+        "suggested_bytes": suggested,
+        "change_bytes": change,
+        "change_ratio": ratio,
+        "node_memory_bytes": node_bytes,
+        "tasks_per_node": per_node,
+        "tasks_per_node_now": per_node_now,
+        "note": "; ".join(notes) or None,
+    }
+
+
+def _check_headroom(headroom: float) -> None:
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
+        raise ValueError(f"headroom must be a number >= 1, got {headroom!r}")
+    if not math.isfinite(headroom) or headroom < 1:
+        raise ValueError(
+            f"headroom must be a number >= 1 (1.25: 25% above the largest peak), got {headroom!r}"
+        )
+
+
+def _observed_node_memory(q: TraceQuery) -> int | None:
+    """The cluster's ``memory`` resource at the start of the run, over the nodes that ran tasks.
+
+    The trace records the cluster's total (the largest sample of its *available
+    memory* counter: the first, before any task held memory), not each node's.
+    """
+    nodes = {
+        r["node"] for r in records(q.task_latency()) if not is_missing(r["node"])
+    }
+    if not nodes:
+        return None
+    total = _cluster_memory(q)
+    if not total:
+        return None
+    return int(total) // len(nodes)
+
+
+def _cluster_memory(q: TraceQuery) -> int | None:
+    name = L.COUNTER_AVAILABLE_MEMORY
+    if q.engine == "trace_processor":
+        frame = q.query(
+            "SELECT MAX(c.value) AS total FROM counter AS c "
+            f"JOIN counter_track AS t ON t.id = c.track_id WHERE t.name = '{name}'"
+        )
+        value: Any = frame["total"].iloc[0] if len(frame) else None
+        return None if is_missing(value) else int(value)
+    model = q.model
+    values = [
+        c.value for uuid, track in model.tracks.items() if track.name == name
+        for c in model.counters_on(uuid)
+    ]
+    return int(max(values)) if values else None

@@ -1,0 +1,342 @@
+"""Ray's own task events, read for the tracer: the one module that knows Ray's API for them.
+
+Ray records, per task attempt, its scheduling states and, in the worker that
+ran it, profile events (``task:deserialize_arguments``, ``task:execute``,
+``task:store_outputs`` inside ``task::<name>``), on by default. Workers and
+owners buffer them and report them to the GCS every
+``RAY_task_events_report_interval_ms`` (1 s by default); the GCS keeps up to
+``RAY_task_events_max_num_task_in_gcs`` task attempts (100,000) and counts
+what it dropped. ``ray.timeline()`` reads *all* of them.
+
+Where they are read from, best first:
+
+* **the GCS, filtered** (:class:`GcsQuery`): the ``GetTaskEvents`` RPC of
+  ``TaskInfoGcsService`` over gRPC (what Ray's state API calls). It takes
+  filters, indexed on the GCS side, but several task-id filters are ANDed, so
+  a query is either *one task id* (one round trip, ~0.5 ms) or *the whole
+  job* (every task the driver's job ran, ~1 KB each). :class:`RayEventSource`
+  picks the cheaper for the tasks still wanted, by the costs it measured.
+* **the dashboard head** (:class:`HeadQuery`), when Ray sends task events
+  there instead of the GCS (``RAY_enable_task_events_to_dashboard_head``):
+  the same request, over HTTP.
+* **everything** (:class:`AllEventsQuery`): ``GlobalState._get_all_task_events``
+  (what ``ray.timeline()`` uses), filtered here; when neither above works.
+
+Each is private Ray API: every call is guarded, and a source that fails is
+replaced by the next, then by none (the trace then says the events are
+missing; the run never notices). What comes back is converted to plain facts
+(:class:`~tracer.ray.timeline.RayTaskEvents`), the only thing the run
+timeline sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from tracer.ray import layout as L
+from tracer.ray.timeline import RayTaskEvents
+
+logger = logging.getLogger("tracer")
+
+__all__ = [
+    "AllEventsQuery",
+    "GcsQuery",
+    "HeadQuery",
+    "RayEventSource",
+    "Reply",
+    "to_facts",
+]
+
+#: A GCS round trip for one task id, before one was measured (seconds).
+_ONE_TASK_COST_S = 0.0006
+#: Ray's profile events of a task's phases, and the names they get in the trace.
+_PHASES = {
+    "task:deserialize_arguments": L.PHASE_DESERIALIZE,
+    "task:execute": L.PHASE_EXECUTE,
+    "task:store_outputs": L.PHASE_STORE_OUTPUTS,
+}
+#: Ray's TaskStatus numbers of the states drawn, and their names.
+_STATES = {
+    1: L.STATE_PENDING_ARGS,
+    2: L.STATE_PENDING_NODE,
+    5: L.STATE_SUBMITTED,
+    8: L.STATE_RUNNING,
+    11: L.STATE_FINISHED,
+    12: L.STATE_FAILED,
+}
+
+
+class Reply:
+    """What one read brought: events of task attempts, and what Ray says it dropped."""
+
+    __slots__ = ("dropped", "events")
+
+    def __init__(self, events: list[Any], dropped: int) -> None:
+        self.events = events  # Ray's TaskEvents protos
+        self.dropped = dropped  # profile + status events Ray dropped (for the job, or in all)
+
+
+class Query(Protocol):
+    """One way of reading Ray's task events."""
+
+    name: str
+
+    def job(self, job_id: bytes, timeout: float) -> Reply: ...
+
+    def task(self, task_id: bytes, timeout: float) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+def _request(job_id: bytes | None, task_id: bytes | None) -> Any:
+    from ray.core.generated import gcs_service_pb2 as gs
+
+    filters = gs.GetTaskEventsRequest.Filters()
+    if task_id is not None:
+        filters.task_filters.append(
+            gs.GetTaskEventsRequest.Filters.TaskIdFilter(task_id=task_id, predicate=0)
+        )
+    if job_id is not None:
+        filters.job_filters.append(
+            gs.GetTaskEventsRequest.Filters.JobIdFilter(job_id=job_id, predicate=0)
+        )
+    return gs.GetTaskEventsRequest(filters=filters)
+
+
+def _reply(reply: Any) -> Reply:
+    if reply.status.code != 0:
+        raise RuntimeError(f"task events query rejected: {reply.status.message}")
+    dropped = int(reply.num_profile_task_events_dropped) + int(reply.num_status_task_events_dropped)
+    return Reply(list(reply.events_by_task), dropped)
+
+
+class GcsQuery:
+    """The GCS's ``GetTaskEvents`` RPC, filtered by job or by task id."""
+
+    name = "gcs"
+
+    def __init__(self, gcs_address: str) -> None:
+        from ray._private import ray_constants
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import gcs_service_pb2_grpc
+
+        self._channel = init_grpc_channel(
+            gcs_address, ray_constants.GLOBAL_GRPC_OPTIONS, asynchronous=False
+        )
+        self._stub = gcs_service_pb2_grpc.TaskInfoGcsServiceStub(self._channel)
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        return _reply(self._stub.GetTaskEvents(_request(job_id, None), timeout=timeout))
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        return _reply(self._stub.GetTaskEvents(_request(None, task_id), timeout=timeout))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._channel.close()
+
+
+class HeadQuery:
+    """The dashboard head's task-events route (Ray sends the events there, not to the GCS)."""
+
+    name = "dashboard"
+
+    def __init__(self) -> None:
+        import ray._private.state as state
+
+        accessor = state.state._connect_and_get_accessor()
+        self._client = state.TaskEventsHeadClient(accessor)
+
+    def _post(self, request: Any, timeout: float) -> Reply:
+        from ray._private.authentication.http_token_authentication import (
+            get_auth_headers_if_auth_enabled,
+        )
+        from ray.core.generated import gcs_service_pb2 as gs
+
+        headers = {"Content-Type": "application/octet-stream"}
+        headers.update(get_auth_headers_if_auth_enabled(headers))
+        response = self._client._session.post(
+            self._client._get_endpoint(), data=request.SerializeToString(), headers=headers,
+            timeout=timeout,
+        )
+        if not 200 <= response.status_code < 300:
+            raise RuntimeError(f"dashboard head answered HTTP {response.status_code}")
+        return _reply(gs.GetTaskEventsReply.FromString(response.content))
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        return self._post(_request(job_id, None), timeout)
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        return self._post(_request(None, task_id), timeout)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+
+class AllEventsQuery:
+    """Every task event Ray holds (``ray.timeline()``'s read), filtered here: the last resort."""
+
+    name = "all"
+
+    def _all(self) -> list[Any]:
+        import ray._private.state as state
+
+        return list(state.state._get_all_task_events())
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        return Reply([e for e in self._all() if e.job_id == job_id], 0)
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        return Reply([e for e in self._all() if e.task_id == task_id], 0)
+
+    def close(self) -> None:
+        pass
+
+
+def _sources() -> list[Query]:
+    """The ways this Ray can be read, best first (those that cannot even start are left out)."""
+    import ray
+
+    found: list[Query] = []
+    to_head = False
+    with contextlib.suppress(Exception):
+        to_head = bool(ray._config.enable_task_events_to_dashboard_head())
+    if to_head:
+        with contextlib.suppress(Exception):
+            found.append(HeadQuery())
+    else:
+        with contextlib.suppress(Exception):
+            found.append(GcsQuery(ray.get_runtime_context().gcs_address))
+    found.append(AllEventsQuery())
+    return found
+
+
+class RayEventSource:
+    """Reads the Ray events of given task ids, the cheapest way it has measured.
+
+    Per read, one query per task id costs about ``n x`` a round trip, one
+    query of the job costs what the job's stored events cost to send and
+    parse (it grows with every task the job ran, up to Ray's cap). Both costs
+    are measured as they happen, and each read takes the cheaper. A source
+    that raises is dropped for the next one.
+    """
+
+    def __init__(self, job_id: str, queries: Sequence[Query] | None = None) -> None:
+        self.job_id = bytes.fromhex(job_id)
+        self._queries: list[Query] = list(queries) if queries is not None else _sources()
+        self._one_task_s = _ONE_TASK_COST_S
+        self._job_s: float | None = None  # unknown until a job query ran
+        #: Seconds the last read took (the channel spaces reads by it).
+        self.last_cost_s = 0.0
+        #: Events Ray says it dropped (the most any reply said).
+        self.dropped = 0
+
+    @classmethod
+    def for_current_job(cls) -> RayEventSource | None:
+        """A source for the driver's Ray job; None when Ray is not initialised."""
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return None
+            return cls(ray.get_runtime_context().get_job_id())
+        except Exception:
+            return None
+
+    @property
+    def name(self) -> str:
+        return self._queries[0].name if self._queries else "none"
+
+    def read(self, task_ids: Sequence[str], timeout: float = 5.0) -> list[RayTaskEvents]:
+        """Ray's events of these tasks (hex ids), as facts; [] when none can be read."""
+        if not task_ids:
+            return []
+        wanted = set(task_ids)
+        while self._queries:
+            query = self._queries[0]
+            t0 = time.perf_counter()
+            try:
+                events = self._read(query, task_ids, wanted, timeout)
+            except Exception as exc:
+                logger.debug("tracer: Ray's task events from %s failed: %s", query.name, exc)
+                self._queries.pop(0).close()
+                continue
+            self.last_cost_s = time.perf_counter() - t0
+            return events
+        return []
+
+    def _read(
+        self, query: Query, task_ids: Sequence[str], wanted: set[str], timeout: float
+    ) -> list[RayTaskEvents]:
+        per_task = self._one_task_s * len(task_ids)
+        if self._job_s is not None and per_task < self._job_s:
+            t0 = time.perf_counter()
+            found: list[Any] = []
+            deadline = t0 + timeout
+            for task_id in task_ids:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                reply = query.task(bytes.fromhex(task_id), remaining)
+                found.extend(reply.events)
+                self.dropped = max(self.dropped, reply.dropped)
+            self._one_task_s = (time.perf_counter() - t0) / max(1, len(task_ids))
+            return to_facts(found, wanted)
+        t0 = time.perf_counter()
+        reply = query.job(self.job_id, timeout)
+        self._job_s = time.perf_counter() - t0
+        self.dropped = max(self.dropped, reply.dropped)
+        return to_facts(reply.events, wanted)
+
+    def close(self) -> None:
+        for query in self._queries:
+            query.close()
+        self._queries = []
+
+
+def to_facts(events: Iterable[Any], wanted: set[str] | None = None) -> list[RayTaskEvents]:
+    """Ray's ``TaskEvents`` protos as facts (only those of ``wanted`` task ids, if given)."""
+    facts: list[RayTaskEvents] = []
+    for ev in events:
+        task_id = ev.task_id.hex()
+        if wanted is not None and task_id not in wanted:
+            continue
+        facts.append(_fact(ev, task_id))
+    return facts
+
+
+def _fact(ev: Any, task_id: str) -> RayTaskEvents:
+    updates = ev.state_updates
+    states = sorted(
+        ((_STATES[k], int(ts)) for k, ts in updates.state_ts_ns.items() if k in _STATES),
+        key=lambda s: s[1],
+    )
+    span: tuple[int, int] | None = None
+    phases: list[tuple[str, int, int]] = []
+    name = ev.task_info.name if ev.HasField("task_info") else ""
+    for p in ev.profile_events.events:
+        if p.event_name.startswith("task::"):
+            span = (int(p.start_time), int(p.end_time))
+            name = name or p.event_name[len("task::"):]
+        elif p.event_name in _PHASES:
+            phases.append((_PHASES[p.event_name], int(p.start_time), int(p.end_time)))
+    phases.sort(key=lambda p: p[1])
+    node_id = updates.node_id.hex() if updates.node_id else ""
+    if not node_id and ev.HasField("task_info") and ev.task_info.node_id:
+        node_id = ev.task_info.node_id.hex()
+    return RayTaskEvents(
+        ray_task_id=task_id,
+        attempt=int(ev.attempt_number),
+        name=name,
+        node_id=node_id,
+        worker_pid=int(updates.worker_pid),
+        states=tuple(states),
+        span=span,
+        phases=tuple(phases),
+    )
+

@@ -1,0 +1,182 @@
+"""Ray's own events of a task, drawn next to what the tracer measured.
+
+Ray records, for every task attempt, its scheduling states (with the time
+each began) and, in the worker that ran it, its phases (deserializing the
+arguments, executing, storing the outputs). A producer
+(:mod:`tracer.ray.ray_events`) reads them and hands them over as a
+:class:`RayTaskEvents` fact, named by Ray's task id and attempt; this module
+draws them where the run timeline drew that execution:
+
+* the phases on a ``Ray phases`` track under the worker's thread: a
+  ``ray task <name>`` slice (Ray's whole handling of the task in the worker)
+  with the phases nested in it. Not nested in the execution slice: Ray
+  deserializes the arguments before the measured execution starts and stores
+  the outputs after it ends, so they cannot nest in it;
+* the scheduling states on a ``Ray states`` track under the task's lane
+  (the lane itself holds only the task and its ``dispatched`` slice), each
+  until the next (the last until the runner received the task), clamped
+  into the ``dispatched`` slice (a state Ray timed on another node's clock,
+  or after the runner saw the task, can fall outside it).
+
+Both are written late (Ray reports its events about a second after they
+happen), at their true times. Which executions still wait for their events
+is kept here (:meth:`RayPhases.expect`), so the producer knows what to ask Ray
+for and the trace can say how many never came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tracer.format import TraceWriter, Track
+from tracer.ray import layout as L
+from tracer.ray.timeline.nodes import Nodes, Worker
+
+if TYPE_CHECKING:
+    from tracer.ray.timeline.run import TimelineTask
+
+__all__ = ["RayPhases", "RayTaskEvents"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RayTaskEvents:
+    """What Ray recorded of one task attempt (plain facts; timestamps in ns, the trace clock).
+
+    ``states``: Ray's scheduling states (``layout.STATE_*`` names) with the
+    time each began, in time order. ``span``: Ray's whole handling of the task
+    in its worker, None when the worker's events have not arrived; ``phases``:
+    ``(layout.PHASE_*, start, end)`` within it.
+    """
+
+    ray_task_id: str
+    attempt: int
+    name: str = ""
+    node_id: str = ""
+    worker_pid: int = 0
+    states: tuple[tuple[str, int], ...] = ()
+    span: tuple[int, int] | None = None
+    phases: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        """Ray has recorded the attempt's end (FINISHED or FAILED)."""
+        return any(s in (L.STATE_FINISHED, L.STATE_FAILED) for s, _ in self.states)
+
+
+class _Expected:
+    """An execution drawn, waiting for Ray's events of its attempt."""
+
+    __slots__ = ("name", "phases_drawn", "task", "task_id", "worker")
+
+    def __init__(self, task: TimelineTask | None, task_id: str, worker: Worker, name: str) -> None:
+        self.task = task
+        self.task_id = task_id
+        self.worker = worker
+        self.name = name
+        self.phases_drawn = False
+
+
+class RayPhases:
+    """Draws :class:`RayTaskEvents` of the executions the timeline drew."""
+
+    def __init__(self, writer: TraceWriter, nodes: Nodes) -> None:
+        self.writer = writer
+        self.nodes = nodes
+        self._state_tracks: dict[int, Track] = {}  # by lane uuid
+        #: Off until a producer reads Ray's events: nothing is kept for them then.
+        self.enabled = False
+        self._expected: dict[tuple[str, int], _Expected] = {}
+        #: Events Ray said it dropped (its caps), as the producer last read them.
+        self.dropped_by_ray = 0
+
+    def expect(
+        self, ray_task_id: str, attempt: int, task: TimelineTask | None, task_id: str,
+        worker: Worker, name: str,
+    ) -> None:
+        """An execution was drawn: its Ray events are wanted (when enabled)."""
+        if self.enabled and ray_task_id:
+            self._expected[(ray_task_id, attempt)] = _Expected(task, task_id, worker, name)
+
+    def wanted(self) -> list[str]:
+        """Ray task ids whose events are still wanted (each once, whatever its attempts)."""
+        return list(dict.fromkeys(key[0] for key in self._expected))
+
+    @property
+    def missing(self) -> int:
+        """Executions whose Ray events have not been drawn (all of them, or the worker's part)."""
+        return len(self._expected)
+
+    def draw(self, events: Iterable[RayTaskEvents], final: bool = False) -> int:
+        """Draw the events of expected executions; returns how many are complete now.
+
+        An attempt's events are complete once Ray has both its end state and
+        its worker's phases; before that nothing is drawn (they are asked for
+        again), unless ``final``: then what there is is drawn, and the
+        execution stays counted as missing if its phases never came.
+        """
+        done = 0
+        ordered = sorted(events, key=lambda e: e.span[0] if e.span else 0)
+        for ev in ordered:
+            key = (ev.ray_task_id, ev.attempt)
+            exp = self._expected.get(key)
+            if exp is None:
+                continue
+            complete = ev.span is not None and ev.ended
+            if not complete and not final:
+                continue
+            if ev.span is not None and not exp.phases_drawn:
+                self._phases(exp, ev)
+                exp.phases_drawn = True
+            self._states(exp, ev)
+            if ev.span is not None:
+                del self._expected[key]
+                done += 1
+        return done
+
+    def _phases(self, exp: _Expected, ev: RayTaskEvents) -> None:
+        assert ev.span is not None
+        start, end = ev.span
+        end = max(end, start)
+        w = self.writer
+        track = self.nodes.ray_phases_track(exp.worker, start, end)
+        args: dict[str, object] = {L.ARG_TASK_ID: exp.task_id, L.ARG_RAY_TASK_ID: ev.ray_task_id}
+        if ev.attempt:
+            args[L.ARG_RAY_ATTEMPT] = ev.attempt
+        w.begin(track, L.RAY_TASK_PREFIX + (ev.name or exp.name), start, category=L.CAT_RAY,
+                args=args)
+        last = start
+        for name, p_start, p_end in ev.phases:
+            p_start = min(max(p_start, last), end)
+            p_end = min(max(p_end, p_start), end)
+            w.begin(track, name, p_start, category=L.CAT_RAY)
+            w.end(track, p_end)
+            last = p_end
+        w.end(track, end)
+
+    def _states(self, exp: _Expected, ev: RayTaskEvents) -> None:
+        """Ray's states inside the task's 'dispatched' slice, once that slice has ended."""
+        task = exp.task
+        if task is None or task.ray_states_drawn or not ev.states:
+            return
+        if task.dispatch_ts is None or task.end_ts is None:
+            return
+        lo, hi = task.dispatch_ts, task.end_ts
+        if hi <= lo:
+            return
+        w = self.writer
+        track = self._state_tracks.get(task.lane.uuid)
+        if track is None:
+            track = self._state_tracks[task.lane.uuid] = w.track(
+                L.RAY_STATES_TRACK, parent=task.lane
+            )
+        bounds = [min(max(ts, lo), hi) for _, ts in ev.states] + [hi]
+        for i, (name, _) in enumerate(ev.states):
+            start, end = bounds[i], max(bounds[i + 1], bounds[i])
+            if end <= start:
+                continue
+            w.begin(track, name, start, category=L.CAT_RAY)
+            w.end(track, end)
+        # Once on the lane, never again (another attempt's states would overlap these).
+        task.ray_states_drawn = True

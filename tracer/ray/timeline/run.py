@@ -1,0 +1,417 @@
+"""The run timeline: the one writer of what a run looks like in a trace.
+
+Every producer of a run's facts (the Daft-style :class:`~tracer.ray.RunnerTracer`
+and its measurement channels, the integrations) writes through one
+:class:`RunTimeline`, so the layout (:mod:`tracer.ray.layout`) is drawn in
+one place. Its inputs are plain facts with their timestamps: a loop phase
+began or ended; a task was created with this request, dispatched, ended; an
+execution ran on this node and worker from t0 to t1 with these measurements;
+a task failed here; a stage is done. It knows nothing of Ray's API (no
+object refs, no errors to parse): what a fact means is the producer's
+business, how it is drawn is this module's.
+
+What it draws:
+
+* a **Scheduler** process with a **Dispatch loop** thread: an ``execution``
+  slice around the run, the loop's phases nested in it, instants, and
+  counters of tasks in flight and the cluster's available CPUs, GPUs and
+  memory (what the dispatched tasks asked for, subtracted from the totals);
+* **Ray tasks**: each task from created to ended with its nested
+  ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
+  merges) so that thousands of overlapping tasks never break nesting; a lane
+  is reused only by a task created after the last one on it ended;
+* **nodes and workers** with their executions and memory counters
+  (:mod:`.nodes`, :mod:`.memory`);
+* **Stages** with their arrows (:mod:`.stages`).
+
+Timestamps are the writer's clock (``time.time_ns`` by default, which every
+node shares); late facts are written at their true time. Not thread-safe:
+producers serialise their calls (the runner tracer holds its lock).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, TypeVar
+
+from tracer.format import TraceWriter, Track
+from tracer.ray import layout as L
+from tracer.ray.levels import TracingLevel
+from tracer.ray.resources import ResourceRequest
+from tracer.ray.timeline.memory import MemoryTrace
+from tracer.ray.timeline.nodes import Nodes
+from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
+from tracer.ray.timeline.stages import Stage, Stages
+
+__all__ = ["CANCEL_ERRORS", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask"]
+
+#: Measurements of one execution, as a worker reports them (see
+#: :mod:`tracer.ray.task_metrics`): ``start_ns``, ``end_ns``, ``node_id``,
+#: ``pid``, ``ray_task_id``, ``assigned_resources``, ``attempt``, the memory
+#: figures (``heap_peak``, ``rss_peak``, ``rss_start``, ``rss_end``,
+#: ``memory_samples``, ...), ``error_type`` and ``error`` when it failed; and
+#: ``task_id`` / ``stage_id`` when it was not given with its task.
+Measurements = dict[str, Any]
+
+#: Error types that mean a task was cancelled (Ray's, and what a task sees inside).
+CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
+
+_T = TypeVar("_T", bound="TimelineTask")
+
+
+class TimelineTask:
+    """What the timeline keeps of one task while it is open.
+
+    Producers may subclass it (adding ``__slots__``) to keep their own
+    per-task state in the same object: :meth:`RunTimeline.task_created`
+    makes the instance.
+    """
+
+    __slots__ = (
+        "attempt",
+        "dispatch_ts",
+        "end_ts",
+        "flow",
+        "lane",
+        "ray_states_drawn",
+        "released",
+        "request",
+        "stage_id",
+        "task_id",
+    )
+
+    def __init__(
+        self, task_id: str, stage_id: Any, lane: Track, flow: int, request: ResourceRequest
+    ) -> None:
+        self.task_id = task_id
+        self.stage_id = stage_id
+        self.lane = lane
+        self.flow = flow  # the stage's arrow to the task's first execution; 0 once drawn
+        self.request = request
+        self.dispatch_ts: int | None = None
+        #: When its slices ended (:meth:`RunTimeline.task_ended`).
+        self.end_ts: int | None = None
+        #: Ray's scheduling states are on its lane (once: attempts would overlap).
+        self.ray_states_drawn = False
+        self.released = False
+        self.attempt = 0
+
+
+class RunTimeline:
+    """Draws one run (one execution of a dispatch loop) into ``writer``; see the module doc."""
+
+    def __init__(
+        self,
+        writer: TraceWriter,
+        *,
+        execution_id: str,
+        runner_name: str = "runner",
+        level: TracingLevel = TracingLevel.TIMELINE,
+        cluster_resources: dict[str, float] | None = None,
+        loop_pid: int | None = None,
+        loop_tid: int | None = None,
+    ) -> None:
+        self.writer = w = writer
+        self.execution_id = execution_id
+        self.level = level
+        pid = os.getpid() if loop_pid is None else loop_pid
+        tid = threading.get_native_id() if loop_tid is None else loop_tid
+        self.scheduler = w.process_track(pid, f"{L.SCHEDULER_PROCESS} ({runner_name})", rank=0)
+        #: The dispatch loop's thread track: its phases, and marks that belong nowhere else.
+        self.loop = w.thread_track(pid, tid, L.DISPATCH_LOOP_THREAD)
+        self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self.scheduler)
+        self._avail_cpus = w.counter_track(L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler)
+        self._avail_gpus = w.counter_track(L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler)
+        self._avail_mem = w.counter_track(
+            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes"
+        )
+        self._tasks_root = w.track(L.TASKS_TRACK, rank=1)
+        self.stages = Stages(w, w.track(L.STAGES_TRACK, rank=2, child_ordering="explicit"))
+        self.nodes = Nodes(w)
+        self.memory = MemoryTrace(w, level)
+        self._ray = RayPhases(w, self.nodes)
+        # Free lanes with the time they were released: a lane is reused only by a
+        # task created after that, so its slices never overlap the last ones, even
+        # when those end late (at their receipt time) in the file.
+        self._free_lanes: list[tuple[Track, int]] = []
+        self._request_annotations: dict[int, tuple[ResourceRequest, dict[str, Any]]] = {}
+        #: Tasks whose measurements will never arrive (see :meth:`lost`).
+        self.lost_measurements = 0
+
+        totals = cluster_resources or {}
+        self._total_cpus = float(totals.get("CPU", 0.0))
+        self._total_gpus = float(totals.get("GPU", 0.0))
+        self._total_mem = float(totals.get("memory", 0.0))
+        self._used_cpus = 0.0
+        self._used_gpus = 0.0
+        self._used_mem = 0.0
+
+        w.begin(
+            self.loop,
+            L.SLICE_EXECUTION,
+            category=L.CAT_SCHEDULER,
+            args={"execution_id": execution_id, "runner": runner_name, "tracing_level": int(level)},
+        )
+        self.sample_resources()
+
+    # ------------------------------------------------------------ the loop
+
+    def begin_loop(self, name: str, args: dict[str, Any] | None = None) -> None:
+        """A phase of the dispatch loop begins (nested in the one open)."""
+        self.writer.begin(self.loop, name, category=L.CAT_SCHEDULER, args=args)
+
+    def end_loop(self, args: dict[str, Any] | None = None) -> None:
+        self.writer.end(self.loop, args=args)
+
+    def loop_instant(self, name: str, args: dict[str, Any] | None = None) -> None:
+        self.writer.instant(self.loop, name, category=L.CAT_SCHEDULER, args=args)
+
+    def count_inflight(self, count: int) -> None:
+        self.writer.counter(self._inflight, count)
+
+    def sample_resources(self) -> None:
+        """Sample the available CPUs, GPUs and memory (totals less what dispatched tasks hold)."""
+        w = self.writer
+        if self._total_cpus:
+            w.counter(self._avail_cpus, _num(self._total_cpus - self._used_cpus))
+        if self._total_gpus:
+            w.counter(self._avail_gpus, _num(self._total_gpus - self._used_gpus))
+        if self._total_mem:
+            w.counter(self._avail_mem, int(self._total_mem - self._used_mem))
+
+    def lost(self, task_id: str, why: str) -> None:
+        """A task's measurements will never arrive (counted on the execution slice at the end)."""
+        self.lost_measurements += 1
+        self.writer.instant(
+            self.loop, L.INSTANT_METRICS_LOST, category=L.CAT_SCHEDULER,
+            args={L.ARG_TASK_ID: task_id, L.ARG_REASON: why},
+        )
+
+    # ------------------------------------------------------------ tasks
+
+    def task_created(
+        self,
+        cls: type[_T],
+        task_id: str,
+        stage_id: Any,
+        request: ResourceRequest,
+        ts: int,
+        *,
+        instructions: str | None = None,
+        stage_name: str | None = None,
+        attempt: int = 0,
+    ) -> _T:
+        """A task left the plan at ``ts``: its slice begins on a free lane; a ``cls`` to keep.
+
+        The stage is named ``stage_name``, else ``instructions``, the first time
+        it is seen. ``attempt`` > 0: the runner created the task id again.
+        """
+        stage = self.stages.for_new_task(stage_id, stage_name or instructions, ts)
+        stage.tasks += 1
+        stage.outstanding += 1
+        stage.requests.append(int(request.memory_bytes or 0))
+        flow = self.writer.new_flow_id()
+        stage.flows.append(flow)
+        free = self._free_lanes
+        lane = free.pop()[0] if free and free[-1][1] < ts else self._new_lane()
+        task = cls(task_id, stage_id, lane, flow, request)
+        task.attempt = attempt
+        args: dict[str, Any] = {
+            L.ARG_TASK_ID: task_id,
+            L.ARG_STAGE_ID: stage_id,
+            L.ARG_STAGE: stage.name,
+            L.ARG_RESOURCE_REQUEST: self._request_args(request),
+        }
+        if instructions:
+            args[L.ARG_INSTRUCTIONS] = instructions
+        if attempt:
+            args[L.ARG_ATTEMPT] = attempt
+        self.writer.begin(lane, stage.name, ts, category=L.CAT_TASK, args=args)
+        return task
+
+    def _new_lane(self) -> Track:
+        return self.writer.track(L.TASK_LANE, parent=self._tasks_root)
+
+    def _request_args(self, request: ResourceRequest) -> dict[str, int | float]:
+        """``request.as_args()``, made once per request object (a stage's tasks share one)."""
+        cached = self._request_annotations.get(id(request))
+        if cached is not None and cached[0] is request:
+            return cached[1]
+        args = request.as_args()
+        if len(self._request_annotations) >= 1024:
+            self._request_annotations.clear()
+        self._request_annotations[id(request)] = (request, args)
+        return args
+
+    def task_dispatched(self, task: TimelineTask, ts: int) -> None:
+        """Submitted to Ray: its ``dispatched`` slice begins; it holds its request from now."""
+        task.dispatch_ts = ts
+        self.writer.begin(task.lane, L.SLICE_DISPATCHED, ts, category=L.CAT_TASK)
+        req = task.request
+        self._used_cpus += req.num_cpus or 0
+        self._used_gpus += req.num_gpus or 0
+        self._used_mem += req.memory_bytes or 0
+
+    def task_ended(self, task: TimelineTask, ts: int, args: dict[str, Any] | None) -> None:
+        """The runner is done with the task (received, failed, cancelled...): its slices end."""
+        w = self.writer
+        if task.dispatch_ts is not None:
+            w.end(task.lane, ts)
+        w.end(task.lane, ts, args=args)
+        task.end_ts = ts
+        self.release(task, ts)
+        stage = self.stages.get(task.stage_id)
+        if stage is not None:
+            stage.outstanding -= 1
+            stage.last_ts = max(stage.last_ts, ts)
+
+    def release(self, task: TimelineTask, ts: int) -> None:
+        """The task no longer holds its lane nor its share of the cluster's resources.
+
+        For a task seen done at ``ts`` whose slices are ended later (at ``ts``).
+        """
+        if task.released:
+            return
+        task.released = True
+        self._free_lanes.append((task.lane, ts))
+        if task.dispatch_ts is not None:
+            req = task.request
+            self._used_cpus -= req.num_cpus or 0
+            self._used_gpus -= req.num_gpus or 0
+            self._used_mem -= req.memory_bytes or 0
+
+    # ------------------------------------------------------------ executions
+
+    def execution(self, m: Measurements, task: TimelineTask | None) -> None:
+        """One execution on its worker's track; the first of a task takes the stage's arrow.
+
+        ``task`` is the task it executed, when known; otherwise ``m`` names it
+        (``task_id``, ``stage_id``). Measurements without a start are ignored.
+        """
+        start = int(m.get("start_ns") or 0)
+        end = int(m.get("end_ns") or start)
+        if not start:
+            return
+        stage_id: Any
+        if task is not None:
+            task_id, stage_id = task.task_id, task.stage_id
+        else:
+            task_id, stage_id = str(m.get("task_id", "?")), m.get("stage_id")
+        stage = self.stages.get(stage_id) if stage_id is not None else None
+        nodes = self.nodes
+        node = nodes.node(str(m.get("node_id") or "unknown"))
+        worker = nodes.worker(node, int(m.get("pid") or 0) or 1)
+        track = nodes.execution_track(worker, start, end)
+        args: dict[str, Any] = {L.ARG_TASK_ID: task_id}
+        if m.get("ray_task_id"):
+            args[L.ARG_RAY_TASK_ID] = m["ray_task_id"]
+        if m.get("assigned_resources"):
+            args[L.ARG_ASSIGNED_RESOURCES] = {
+                k: _num(v) for k, v in m["assigned_resources"].items()
+            }
+        if m.get("attempt"):
+            args[L.ARG_RAY_ATTEMPT] = int(m["attempt"])
+        args.update(self._memory_args(m, task, stage, node.track, worker.track, start, end))
+        error_type = m.get("error_type")
+        cancelled = error_type in CANCEL_ERRORS
+        if error_type:
+            args[L.ARG_STATUS] = L.STATUS_CANCELLED if cancelled else L.STATUS_FAILED
+            args[L.ARG_ERROR_TYPE] = error_type
+            args[L.ARG_ERROR] = m.get("error", "")
+        flows = None
+        if task is not None and task.flow:
+            flows = [task.flow]
+            task.flow = 0  # a retried task's later attempts: no second arrow
+        name = stage.name if stage is not None else "task"
+        self.writer.begin(
+            track, name, start, category=L.CAT_EXECUTION, args=args, terminating_flows=flows
+        )
+        self.writer.end(track, end)
+        if self._ray.enabled:
+            self._ray.expect(
+                str(m.get("ray_task_id") or ""), int(m.get("attempt") or 0), task, task_id,
+                worker, name,
+            )
+        if error_type:
+            self.writer.instant(
+                track, L.INSTANT_TASK_CANCELLED if cancelled else L.INSTANT_TASK_FAILED, end,
+                category=L.CAT_EXECUTION,
+                args={L.ARG_TASK_ID: task_id, L.ARG_ERROR_TYPE: error_type},
+            )
+
+    def _memory_args(
+        self,
+        m: Measurements,
+        task: TimelineTask | None,
+        stage: Stage | None,
+        node: Track,
+        worker: Track,
+        start: int,
+        end: int,
+    ) -> dict[str, Any]:
+        """Requested vs actual memory of one execution; queues its memory counter samples."""
+        requested = int(task.request.memory_bytes or 0) if task is not None else None
+        args, peak, over = self.memory.execution(m, requested, node, worker, start, end)
+        if stage is not None and peak is not None:
+            stage.peaks.append(peak)
+            stage.over_request += over
+        return args
+
+    def locate(self, node_id: str | None, pid: int) -> Track:
+        """The track of a worker (or node) named by a failure: see :meth:`Nodes.locate`."""
+        return self.nodes.locate(node_id, pid)
+
+    def mark(self, track: Track, name: str, ts: int, args: dict[str, Any]) -> None:
+        """A task failed or was cancelled there (``track``: :meth:`locate`'s, or the loop)."""
+        self.writer.instant(track, name, ts, category=L.CAT_EXECUTION, args=args)
+
+    def settle(self, watermark: int | None) -> None:
+        """Write memory counters up to ``watermark``: no execution still to come starts
+        before it (None: all, at the end)."""
+        self.memory.settle(watermark)
+
+    # ------------------------------------------------------------ Ray's events
+
+    def expect_ray_events(self) -> None:
+        """A producer will bring Ray's events: executions drawn from now on wait for theirs."""
+        self._ray.enabled = True
+
+    def ray_events_wanted(self) -> list[str]:
+        """Ray task ids of drawn executions whose Ray events have not been drawn yet."""
+        return self._ray.wanted()
+
+    def ray_events(
+        self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
+    ) -> int:
+        """Draw Ray's events of drawn executions (see :mod:`.ray_phases`); how many completed.
+
+        ``final``: the last call, draw what there is. ``dropped_by_ray``: the
+        count of events Ray says it dropped, said on the execution slice.
+        """
+        self._ray.dropped_by_ray = max(self._ray.dropped_by_ray, dropped_by_ray)
+        return self._ray.draw(events, final)
+
+    # ------------------------------------------------------------ stages, end
+
+    def stage_done(self, stage_id: Any) -> None:
+        """Write the stage's slice and arrows now (the producer knows no more will come)."""
+        stage = self.stages.get(stage_id)
+        if stage is not None:
+            self.stages.write(stage)
+
+    def close(self, args: dict[str, Any] | None = None) -> None:
+        """The run ended: every stage, the last memory counters, the end of the run's slice
+        (with ``lost_measurements`` and ``args``)."""
+        self.stages.write_all()
+        self.memory.settle(None)
+        end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
+        if self._ray.enabled:
+            end_args[L.ARG_RAY_EVENTS_MISSING] = self._ray.missing
+            end_args[L.ARG_RAY_EVENTS_DROPPED] = self._ray.dropped_by_ray
+        self.writer.end(self.loop, args={**end_args, **(args or {})})
+
+
+def _num(value: Any) -> int | float:
+    f = float(value)
+    return int(f) if f.is_integer() else f

@@ -1,0 +1,106 @@
+"""Stages of a run: a slice per stage on the Stages track, with an arrow to each execution.
+
+A stage's slice spans its first task's creation to its last task's end, so
+it can only be written once the stage is done (or at the close): until then
+it collects its flow ids (one per task: the arrow to that task's first
+execution) and the memory its tasks asked for and used, summarised on the
+slice. A task created after its stage's slice was written opens a new slice
+for the stage on the same track.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from tracer.format import TraceWriter, Track
+from tracer.ray import layout as L
+
+__all__ = ["Stage", "Stages"]
+
+
+class Stage:
+    """One stage's slice in the making."""
+
+    __slots__ = (
+        "first_ts",
+        "flows",
+        "last_ts",
+        "name",
+        "outstanding",
+        "over_request",
+        "peaks",
+        "requests",
+        "stage_id",
+        "tasks",
+        "track",
+        "written",
+    )
+
+    def __init__(self, stage_id: Any, name: str, track: Track, ts: int) -> None:
+        self.stage_id = stage_id
+        self.name = name
+        self.track = track
+        self.first_ts = ts
+        self.last_ts = ts
+        self.flows: list[int] = []
+        self.outstanding = 0  # tasks created and not ended
+        self.tasks = 0
+        self.requests: list[int] = []
+        self.peaks: list[int] = []
+        self.over_request = 0
+        self.written = False
+
+
+class Stages:
+    """The run's stages by id, under one root track in the order they first appear."""
+
+    def __init__(self, writer: TraceWriter, root: Track) -> None:
+        self.writer = writer
+        self.root = root
+        self.by_id: dict[Any, Stage] = {}
+
+    def get(self, stage_id: Any) -> Stage | None:
+        return self.by_id.get(stage_id)
+
+    def for_new_task(self, stage_id: Any, name: str | None, ts: int) -> Stage:
+        """The stage a task created at ``ts`` belongs to (a new one, or a new slice of it)."""
+        stage = self.by_id.get(stage_id)
+        if stage is None:
+            name = name or f"stage {stage_id}"
+            track = self.writer.track(
+                f"{stage_id}: {name}", parent=self.root, rank=len(self.by_id), merge=False
+            )
+            stage = self.by_id[stage_id] = Stage(stage_id, name, track, ts)
+        elif stage.written:  # a task after the stage was done: a slice of its own
+            stage = self.by_id[stage_id] = Stage(stage_id, stage.name, stage.track, ts)
+        return stage
+
+    def write(self, stage: Stage) -> None:
+        """The stage's slice with its memory summary and its arrows (once)."""
+        if stage.written:
+            return
+        stage.written = True
+        args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, "num_tasks": stage.tasks}
+        if stage.requests:
+            args[L.ARG_MEMORY_REQUESTED] = summary(stage.requests)
+        if stage.peaks:
+            args[L.ARG_MEMORY_PEAK] = summary(stage.peaks)
+            args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
+        self.writer.begin(
+            stage.track, stage.name, stage.first_ts, category=L.CAT_STAGE, args=args,
+            flows=stage.flows,
+        )
+        self.writer.end(stage.track, max(stage.last_ts, stage.first_ts))
+        stage.flows = []
+
+    def write_all(self) -> None:
+        for stage in self.by_id.values():
+            self.write(stage)
+
+
+def summary(values: Iterable[int]) -> dict[str, int]:
+    """min, median and max of a stage's per-task values."""
+    vals = sorted(values)
+    return {"min": vals[0], "median": int(statistics.median(vals)), "max": vals[-1]}
