@@ -300,6 +300,46 @@ def _with_unknown_capture_version() -> tuple[list[dict[str, Any]], str | None, i
         memory_session._disabled = None
 
 
+def test_an_unknown_memray_release_falls_back_to_a_tracker_per_task(worker: Any) -> None:
+    """A memray the reader was not checked against is not read live, whatever its header says."""
+    results, reason, session = _in(worker, _with_memray_version, "1.99.0")
+    assert reason is not None and "memray 1.99.0" in reason
+    assert session is None
+    for m in results:  # memray's public API around each task: the same figures
+        assert "memray" not in m, m
+        assert 2 * MIB <= m["heap_peak"] <= 2 * MIB + SLACK
+    results, reason, session = _in(worker, _with_memray_version, None)  # the real one: live
+    assert reason is None and session is not None
+    assert all(2 * MIB <= m["heap_peak"] <= 2 * MIB + SLACK for m in results)
+
+
+def test_the_known_memray_releases() -> None:
+    import memray
+
+    assert memory_session._check_memray(memray.__version__) is None  # the installed one
+    assert memory_session._check_memray("1.20.3") is None
+    for other in ("1.21.0", "2.0", "1.19.1", "", "dev"):
+        reason = memory_session._check_memray(other) or ""
+        assert "live capture reader knows memray 1.20" in reason
+
+
+def _with_memray_version(
+    version: str | None,
+) -> tuple[list[dict[str, Any]], str | None, int | None]:
+    import memray
+
+    memory_session.stop()
+    real = memray.__version__
+    if version is not None:
+        memray.__version__ = version
+    try:
+        results = [_task(2) for _ in range(3)]
+        return results, memory_session.disabled_reason(), _session_id()
+    finally:
+        memray.__version__ = real
+        memory_session._disabled = None
+
+
 def test_the_per_task_switch_stops_the_session(worker: Any) -> None:
     assert "memray" not in _in(worker, _task, 1)
     m = _in(worker, _task_with_method, True)

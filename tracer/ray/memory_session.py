@@ -22,11 +22,28 @@ stream:
 * what was read is released (the file's pages are punched out), so the
   capture holds only what the tracker wrote since the last task ended.
 
-Reading memray's stream is not part of memray's public API: the reader knows
-its format version 13 (memray 1.20) and refuses any other, and then, as
-without the C extension, level 2 runs a tracker around every task
-(:mod:`tracer.ray.memory`), exact but slow. ``TRACER_MEMRAY_PER_TASK=1``
-asks for that method everywhere (benchmarks compare the two).
+Reading memray's stream is not part of memray's public API: the reader is
+used only with the memray releases it was checked against (:data:`KNOWN_MEMRAY`,
+1.20) and a capture whose header says format version 13; with any other
+memray, or a header it does not recognise, level 2 runs a tracker around
+every task (:mod:`tracer.ray.memory`, memray's public API only: the same
+figures in the trace, ~20 ms more per task), as it does without the C
+extension. ``TRACER_MEMRAY_PER_TASK=1`` asks for that method everywhere
+(benchmarks compare the two).
+
+**Why not memray's public readers here** (measured, benchmarks/README.md and
+``benchmarks/bench_memray_public.py``): ``memray.FileReader`` reads a capture
+from its start; it has no way to resume where it stopped, so following a
+worker's one live capture with it re-reads everything each task, and its own
+allocations while reading are tracked into the same capture (each read
+roughly doubles it): in a Ray worker, empty tasks, the first task's read took
+0.16-0.22 s, the 6th 6-12 s (2.3 million records), the 7th 28 s (4.5 million),
+against 21-24 ms for a tracker per task. ``memray.SocketReader`` (a live
+``SocketDestination``) gives only the allocations live at the moment it is
+asked (``get_current_snapshot``): no heap peak over an interval, no 10 ms
+heap/RSS samples. Starting and stopping a tracker per task (the fallback) is
+the public API that gives the trace's figures, at ~20 ms a task; the reader
+gives the same figures at a few microseconds.
 
 **Lifetime.** The capture file is unlinked as soon as it is opened: it lives
 in the open file only, so a worker killed by the OOM killer leaves nothing
@@ -77,6 +94,12 @@ MARKER_SIZE = 12_345
 DRAIN_MARKER_SIZE = MARKER_SIZE - 16
 #: Forces a tracker around every task (memray's public API only), in every process.
 PER_TASK_ENV = "TRACER_MEMRAY_PER_TASK"
+#: The memray releases (major, minor) whose capture stream the C reader was
+#: checked against, record by record, with memray's FileReader
+#: (tests/ray/test_memory_reader.py). Any other release runs a tracker per task
+#: (memray's public API), even when its header version is one the reader knows:
+#: a record's encoding can change without the header's version changing.
+KNOWN_MEMRAY = ((1, 20),)
 
 _lock = threading.Lock()  # guards _session against the idle watcher
 _session: Session | None = None
@@ -97,6 +120,18 @@ def _check_reader() -> str | None:
     except ImportError:
         return "tracer.ray._memray_reader (the C extension) is not built"
     return None
+
+
+def _check_memray(version: str) -> str | None:
+    """Why the reader must not follow this memray release's stream, or None (a known one)."""
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    if major_minor in KNOWN_MEMRAY:
+        return None
+    known = ", ".join(f"{major}.{minor}" for major, minor in KNOWN_MEMRAY)
+    return f"memray {version}: the live capture reader knows memray {known} only"
 
 
 class Session:
@@ -261,6 +296,10 @@ def _start_locked(native_traces: bool) -> Session | str:
         import tracer.ray._memray_reader as _memray_reader
     except ImportError as exc:
         return f"{type(exc).__name__}: {exc}"
+    unknown = _check_memray(str(getattr(memray, "__version__", "")))
+    if unknown is not None:
+        _disabled = unknown  # a tracker per task from now on (memray's public API)
+        return unknown
     directory = _memory._capture_dir()
     if not _memory._swept:
         _memory._sweep(directory)
