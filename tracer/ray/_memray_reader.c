@@ -16,8 +16,14 @@
  * 1.20): the header layout of RecordWriter::writeHeaderCommon and the record
  * encodings of StreamingRecordWriter, read as RecordReader reads them. A
  * capture of any other version is refused (ValueError) and the caller falls
- * back to memray's public API. tests/ray/test_memory_reader.py checks every
- * figure against memray's own FileReader on the same captures.
+ * back to memray's public API; tracer.ray.memory_session also uses this
+ * reader only with the memray release it was checked against (KNOWN_MEMRAY),
+ * as a record's encoding may change without the header's version changing.
+ * tests/ray/test_memory_reader.py checks every figure against memray's own
+ * FileReader on the same captures. Why not FileReader itself on the live
+ * capture: it reads from the start each time and tracks its own reading into
+ * the capture (0.2 s for a worker's first task, seconds by the 5th; the
+ * numbers and the decision: memory_session's docstring, benchmarks/README.md).
  *
  * Markers: the tracker writes an allocation's record in the allocating thread,
  * before malloc returns to the caller, so once marker_alloc() has returned,
