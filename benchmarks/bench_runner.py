@@ -123,8 +123,8 @@ def bench_levels(
 ) -> tuple[dict[int, list[float]], dict[int, list[int]], dict[int, list[tuple[float, ...]]]]:
     """Every level once per repetition, in an order rotated each time; medians are taken later.
 
-    Level 2 (memray around every task) is ~20x slower, so it runs only in the
-    first ``level2_repeats`` repetitions.
+    Level 2 (memray measuring every task; bench_memory.py measures what it costs)
+    runs only in the first ``level2_repeats`` repetitions.
     """
     times: dict[int, list[float]] = defaultdict(list)
     sizes: dict[int, list[int]] = defaultdict(list)

@@ -51,7 +51,7 @@ COUNTER_STAGE_INFLIGHT = "tasks in flight ({stage})"
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.timeline.memory).
 #: Under a worker's thread: heap of the task running there (level 2, memray's
-#: 10 ms snapshots; 0 between tasks, as nothing is tracked then).
+#: 10 ms snapshots; each task's heap counts from its start, so it is 0 between tasks).
 COUNTER_WORKER_HEAP = "heap"
 #: Under a worker's thread: the worker process's RSS (level 1: at each task's
 #: start and end; level 2: also memray's 10 ms snapshots).
@@ -199,7 +199,8 @@ ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_pea
 ARG_USS_PEAK = "uss_peak"
 #: Level 2, only when memray did not measure the task alone: "unavailable"
 #: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of
-#: the same worker process ran meanwhile and are in its heap figures).
+#: the same worker process ran meanwhile and are in its heap figures, which
+#: are then upper bounds of its own).
 ARG_MEMRAY = "memray"
 ARG_MEMRAY_REASON = "memray_reason"
 #: On a task killed by Ray's OOM killer: the worker's memory use Ray reported.

@@ -1,12 +1,25 @@
 """Level-2 memory measurement of one task, with memray.
 
-At tracing level 2 every traced task runs under a ``memray.Tracker`` in its
-cheapest mode: the aggregated capture format (one record per allocating
-location, not per allocation), no native stacks unless asked for
-(``ray_tracer(..., memray_native_traces=True)``), a capture file in
-``/dev/shm`` (or the temp folder) that is read with memray's public
-``FileReader`` as soon as the tracker stops, then deleted. The task's
-metrics dict gets:
+At tracing level 2 every traced task is measured by memray, in its cheapest
+mode: Python allocators not traced one by one, no native stacks unless asked
+for (``ray_tracer(..., memray_native_traces=True)``). How depends on the
+process:
+
+* in a **Ray worker**, one tracker runs for the process and each task reads
+  its own part of memray's stream (:mod:`tracer.ray.memory_session`): a task
+  pays two marker allocations and the reading, tens of microseconds for a
+  small task;
+* anywhere else (a driver measuring itself, a script, a test), and in a
+  worker when the session cannot be used (no C extension, a memray whose
+  stream the reader does not know, ``TRACER_MEMRAY_PER_TASK=1``), a tracker
+  runs around the task alone, writing an aggregated capture to ``/dev/shm``
+  (or the temp folder) that memray's public ``FileReader`` reads as soon as
+  the tracker stops; the file is then deleted. Its start and stop cost ~8 ms
+  each in a Ray worker (memray patches, then restores, the relocation tables
+  of every loaded library), which is why workers use the session. Outside a
+  worker the process is the user's: memray tracks it only while the task runs.
+
+Both give the task's metrics dict the same figures:
 
 ``heap_peak``
     memray's heap high-water mark of the task: the most bytes allocated (by
@@ -28,25 +41,26 @@ metrics dict gets:
 
 ``total_allocated``, ``allocation_count``
     every allocation of the task, summed: only with
-    ``ray_tracer(..., memray_all_allocations=True)``, which records every
-    allocation (memray's ``FileFormat.ALL_ALLOCATIONS``: bigger capture files,
-    and reading them costs in proportion to the allocations). memray's
-    aggregated captures, the default, cannot count them.
+    ``ray_tracer(..., memray_all_allocations=True)``. The session reads every
+    allocation anyway, so in a worker they cost nothing more; a tracker per
+    task then records every allocation (memray's ``FileFormat.ALL_ALLOCATIONS``:
+    bigger capture files, read in proportion to the allocations) instead of
+    its aggregated capture, which cannot count them.
 
 **One tracker per process.** memray allows a single active tracker per
 process, and it sees the allocations of every thread. A task that starts
-while another task of the same worker process holds the tracker (threaded
-actors, ``max_concurrency > 1``) is not tracked: it keeps its level-1 figures
-and is marked ``memray: "unavailable"`` (with ``memray_reason``). The task
-that holds the tracker while others run is marked ``memray: "shared"``: its
-heap figures include the other tasks' allocations. Any memray failure
-(import, start, stop, read) also falls back to level 1 with
-``memray: "unavailable"``; the task itself never fails because of tracing.
+while another task of the same worker process is being measured (threaded
+actors, ``max_concurrency > 1``) is not measured: it keeps its level-1
+figures and is marked ``memray: "unavailable"`` (with ``memray_reason``). The
+task being measured while others run is marked ``memray: "shared"``: its
+heap figures include the other tasks' allocations (an upper bound of its
+own). Any memray failure (import, start, stop, read) also falls back to
+level 1 with ``memray: "unavailable"``; the task itself never fails because
+of tracing.
 
-The tracker's start and stop cost about 9 ms each in a Ray worker (memray
-patches the symbol tables of every loaded library, and Ray's are big); the
-task's ``start_ns``/``end_ns`` are taken inside them, so execution slices show
-the task's own time.
+The task's ``start_ns``/``end_ns`` are taken inside the measurement (after
+the tracker's start or the start marker, before the end marker or the
+tracker's stop), so execution slices show the task's own time.
 """
 
 from __future__ import annotations
@@ -57,7 +71,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -80,7 +94,7 @@ MEMRAY_SHARED = "shared"
 
 Sample = tuple[int, int, int]  # (time_ms, heap_bytes, rss_bytes)
 
-_tracker_lock = threading.Lock()  # held while this process has a memray tracker active
+_tracker_lock = threading.Lock()  # held while a task of this process is measured by memray
 _state_lock = threading.Lock()
 _running = 0  # tasks of this process inside track_task_memory
 _started = 0  # tasks of this process that entered track_task_memory, ever
@@ -120,8 +134,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class _Session:
-    """One active memray tracker and its capture file."""
+class _Capture:
+    """A tracker around one task, and its capture file (memray's public API only)."""
 
     __slots__ = ("path", "tracker")
 
@@ -130,15 +144,22 @@ class _Session:
         self.path = path
 
 
+#: Figures that a failed measurement must not leave behind.
+_FIGURES = (
+    "heap_peak", "allocations", "heap_retained", "memory_samples", "total_allocated",
+    "allocation_count",
+)
+
+
 def _unavailable(metrics: dict[str, Any], reason: str) -> None:
+    for key in _FIGURES:
+        metrics.pop(key, None)
     metrics["memray"] = MEMRAY_UNAVAILABLE
     metrics["memray_reason"] = reason[:200]
 
 
-def _start(metrics: dict[str, Any], native_traces: bool, all_allocations: bool) -> _Session | None:
-    if not _tracker_lock.acquire(blocking=False):
-        _unavailable(metrics, "another task of this worker process holds the memray tracker")
-        return None
+def _start(metrics: dict[str, Any], native_traces: bool, all_allocations: bool) -> _Capture | None:
+    """Start a tracker for this task alone (``_tracker_lock`` is held)."""
     directory = _capture_dir()
     if not _swept:
         _sweep(directory)
@@ -158,38 +179,27 @@ def _start(metrics: dict[str, Any], native_traces: bool, all_allocations: bool) 
         )
         tracker.__enter__()
     except Exception as exc:  # e.g. a tracker started by someone else, or no memray
-        _tracker_lock.release()
         _remove(path)
         _unavailable(metrics, f"{type(exc).__name__}: {exc}")
         return None
-    return _Session(tracker, path)
+    return _Capture(tracker, path)
 
 
-def _stop(session: _Session, metrics: dict[str, Any], overlapped: bool) -> None:
+def _stop(capture: _Capture, metrics: dict[str, Any], all_allocations: bool) -> None:
+    """Stop the task's tracker and read its capture into ``metrics``."""
     try:
-        try:
-            session.tracker.__exit__(None, None, None)
-        finally:
-            _tracker_lock.release()
-        _read(session.path, metrics)
-        if overlapped:
-            metrics["memray"] = MEMRAY_SHARED
-    except Exception as exc:
-        for key in (
-            "heap_peak", "allocations", "heap_retained", "memory_samples",
-            "total_allocated", "allocation_count",
-        ):
-            metrics.pop(key, None)
-        _unavailable(metrics, f"{type(exc).__name__}: {exc}")
+        capture.tracker.__exit__(None, None, None)
+        _read(capture.path, metrics, all_allocations)
     finally:
-        _remove(session.path)
+        _remove(capture.path)
 
 
-def _read(path: str, metrics: dict[str, Any]) -> None:
+def _read(path: str, metrics: dict[str, Any], all_allocations: bool) -> None:
     """Put the figures of a finished capture file into ``metrics``."""
     import memray
 
     reader = memray.FileReader(path)
+    totals: tuple[int, int] | None = None
     try:
         peak = int(reader.metadata.peak_memory)
         at_peak = sum(
@@ -199,23 +209,36 @@ def _read(path: str, metrics: dict[str, Any]) -> None:
         snapshots = [
             (int(s.time), int(s.heap), int(s.rss)) for s in reader.get_memory_snapshots()
         ]
-        if reader.metadata.file_format == memray.FileFormat.ALL_ALLOCATIONS:
+        if all_allocations and reader.metadata.file_format == memray.FileFormat.ALL_ALLOCATIONS:
             total = count = 0
             for record in reader.get_allocation_records():
                 if record.size:  # deallocations carry no size
                     total += record.size
                     count += 1
-            metrics["total_allocated"] = total
-            metrics["allocation_count"] = count
+            totals = (total, count)
     finally:
         reader.close()
-    metrics["heap_peak"] = peak
+    put_figures(metrics, peak, int(at_peak), int(retained), snapshots, totals)
+
+
+def put_figures(
+    metrics: dict[str, Any],
+    peak: int,
+    at_peak: int,
+    retained: int,
+    snapshots: Sequence[Sample],
+    totals: tuple[int, int] | None = None,
+) -> None:
+    """Put a task's memray figures into its metrics (both methods end here)."""
+    metrics["heap_peak"] = int(peak)
     metrics["allocations"] = int(at_peak)
     metrics["heap_retained"] = int(retained)
+    if totals is not None:
+        metrics["total_allocated"], metrics["allocation_count"] = int(totals[0]), int(totals[1])
     if snapshots:
         metrics["memory_samples"] = downsample(snapshots, MAX_SAMPLES)
         rss_max = max(s[2] for s in snapshots)
-        metrics["rss_peak"] = max(int(metrics.get("rss_peak") or 0), rss_max)
+        metrics["rss_peak"] = max(int(metrics.get("rss_peak") or 0), int(rss_max))
 
 
 def _remove(path: str) -> None:
@@ -242,14 +265,14 @@ def downsample(samples: Sequence[Sample], limit: int = MAX_SAMPLES) -> list[Samp
 def track_task_memory(
     metrics: dict[str, Any], *, native_traces: bool = False, all_allocations: bool = False
 ) -> Iterator[None]:
-    """Run the body under memray and add its figures to ``metrics`` (see the module doc).
+    """Measure the body with memray and add its figures to ``metrics`` (see the module doc).
 
-    ``all_allocations`` records every allocation (memray's ``ALL_ALLOCATIONS``
-    format) so the totals (``total_allocated``, ``allocation_count``) can be
-    counted; it costs more than the default aggregated capture.
+    ``all_allocations`` also sums every allocation (``total_allocated``,
+    ``allocation_count``); with a tracker per task it records every
+    allocation (memray's ``ALL_ALLOCATIONS``), which costs more.
 
-    Sets ``start_ns``/``end_ns`` inside the tracker's start and stop when the
-    tracker runs, so the task's times leave memray's overhead out.
+    Sets ``start_ns``/``end_ns`` inside the measurement when memray measures
+    the task, so the task's times leave memray's overhead out.
     """
     global _running, _started
     with _state_lock:
@@ -257,16 +280,70 @@ def track_task_memory(
         _started += 1
         started = _started
         overlapped = _running > 1
-    session = _start(metrics, native_traces, all_allocations)
-    if session is not None:
+    finish = _begin(metrics, native_traces, all_allocations)
+    if finish is not None:
         metrics["start_ns"] = time.time_ns()
     try:
         yield
     finally:
-        if session is not None:
+        if finish is not None:
             metrics["end_ns"] = time.time_ns()
         with _state_lock:
             overlapped = overlapped or _started != started or _running > 1
             _running -= 1
-        if session is not None:
-            _stop(session, metrics, overlapped)
+        if finish is not None:
+            _finish(finish, metrics, overlapped)
+
+
+def _begin(
+    metrics: dict[str, Any], native_traces: bool, all_allocations: bool
+) -> Callable[[], None] | None:
+    """Start measuring; returns what completes the measurement, or None (unavailable).
+
+    On success ``_tracker_lock`` stays held until :func:`_finish` runs.
+    """
+    if not _tracker_lock.acquire(blocking=False):
+        _unavailable(metrics, "another task of this worker process is being measured by memray")
+        return None
+    try:
+        if _in_ray_worker():
+            from tracer.ray import memory_session
+
+            if memory_session.disabled_reason() is not None:
+                memory_session.stop()  # one started before must not keep memray's one tracker
+            else:
+                began = memory_session.begin(native_traces)
+                if not isinstance(began, str):
+                    return lambda: memory_session.end(began, metrics, all_allocations)
+                if memory_session.disabled_reason() is None:  # this task's failure
+                    _unavailable(metrics, began)
+                    _tracker_lock.release()
+                    return None
+                # The reader refused this memray: a tracker per task from now on.
+        capture = _start(metrics, native_traces, all_allocations)
+    except BaseException:
+        _tracker_lock.release()
+        raise
+    if capture is None:
+        _tracker_lock.release()
+        return None
+    return lambda: _stop(capture, metrics, all_allocations)
+
+
+def _finish(finish: Callable[[], None], metrics: dict[str, Any], overlapped: bool) -> None:
+    try:
+        finish()
+        if overlapped:
+            metrics["memray"] = MEMRAY_SHARED
+    except Exception as exc:
+        _unavailable(metrics, f"{type(exc).__name__}: {exc}")
+    finally:
+        _tracker_lock.release()
+
+
+def _in_ray_worker() -> bool:
+    """This process is a Ray worker (its measurements found Ray there; see task_metrics)."""
+    from tracer.ray import task_metrics
+
+    proc = task_metrics._PROCESS
+    return proc is not None and proc.pid == os.getpid()
