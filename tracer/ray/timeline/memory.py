@@ -38,8 +38,8 @@ from typing import Any
 
 from tracer.format import CounterSequence, TraceWriter, Track
 from tracer.ray import layout as L
-from tracer.ray.timeline.nodes import NODE_COUNTER_RANK, WORKER_COUNTER_RANK
 from tracer.ray.levels import TracingLevel
+from tracer.ray.timeline.nodes import NODE_COUNTER_RANK, WORKER_COUNTER_RANK
 
 __all__ = ["MemoryTrace", "kib"]
 
