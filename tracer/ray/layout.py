@@ -43,7 +43,7 @@ WORKER_THREAD_PREFIX = "worker"
 #: The y_axis_share_key of a node's memory counters (requested, used): one scale.
 NODE_MEMORY_AXIS = "node memory"
 
-#: Under a worker's thread: Ray's phases of each task the worker ran (a slice
+#: Under a worker's track: Ray's phases of each task the worker ran (a slice
 #: named ``RAY_TASK_PREFIX + Ray's task name`` with the phases nested in it).
 #: A track of its own, not nested in the execution slice: Ray deserializes the
 #: arguments before the measured execution starts and stores the outputs after
@@ -57,15 +57,15 @@ COUNTER_AVAILABLE_MEMORY = "available memory"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.timeline.memory).
-#: Under a worker's thread: heap of the task running there (level 2, memray's
+#: Under a worker's track: heap of the task running there (level 2, memray's
 #: 10 ms snapshots; 0 between tasks, as nothing is tracked then).
 COUNTER_WORKER_HEAP = "heap"
-#: Under a worker's thread: the worker process's RSS (level 1: at each task's
+#: Under a worker's track: the worker process's RSS (level 1: at each task's
 #: start and end; level 2: also memray's 10 ms snapshots).
 COUNTER_WORKER_RSS = "RSS"
-#: Under a node's process: memory requested by the tasks running there.
+#: Under a node's track: memory requested by the tasks running there.
 COUNTER_NODE_MEMORY_REQUESTED = "memory requested"
-#: Under a node's process: actual peak memory (ARG_MEMORY_PEAK) of the tasks
+#: Under a node's track: actual peak memory (ARG_MEMORY_PEAK) of the tasks
 #: running there, summed: each task counts its peak from its start to its end.
 COUNTER_NODE_MEMORY_USED = "memory used (task peaks)"
 

@@ -9,9 +9,9 @@
   ``heap_peak``, ``allocations``, ``heap_retained``, ``rss_peak`` (and
   ``memray`` when memray did not measure the task alone);
 * queues samples for the worker's **heap** and **RSS** counters (under the
-  worker's thread track), written sorted by time at each :meth:`settle`;
+  worker's track), written sorted by time at each :meth:`settle`;
 * queues the step changes of the node's **memory requested** and **memory
-  used (task peaks)** counters (under the node's process track).
+  used (task peaks)** counters (under the node's track, on one y axis).
 
 Executions arrive late (when the runner receives tasks, drained once per
 wave), so node counters are written only for the settled past: at each

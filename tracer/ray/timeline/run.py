@@ -10,19 +10,25 @@ a task failed here; a stage is done. It knows nothing of Ray's API (no
 object refs, no errors to parse): what a fact means is the producer's
 business, how it is drawn is this module's.
 
-What it draws:
+What it draws, under one **Run** root track per run and in this order
+(the order a user reads it in the Perfetto UI, see :mod:`tracer.ray.layout`):
 
-* a **Scheduler** process with a **Dispatch loop** thread: an ``execution``
-  slice around the run, the loop's phases nested in it, instants, and
+* a **Scheduler** group with the **Dispatch loop**: an ``execution``
+  slice around the run, the loop's phases nested in it, instants; then
   counters of tasks in flight and the cluster's available CPUs, GPUs and
   memory (what the dispatched tasks asked for, subtracted from the totals);
 * **Ray tasks**: each task from created to ended with its nested
   ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
   merges) so that thousands of overlapping tasks never break nesting; a lane
   is reused only by a task created after the last one on it ended;
+* **Stages** with their arrows, from each task's launch (:mod:`.stages`);
 * **nodes and workers** with their executions and memory counters
-  (:mod:`.nodes`, :mod:`.memory`);
-* **Stages** with their arrows (:mod:`.stages`).
+  (:mod:`.nodes`, :mod:`.memory`).
+
+All are plain tracks: the UI appends a process's pid and a thread's tid to
+its name, and a node's or a worker's would be synthetic (worker pids repeat
+across machines). The loop's real pid and tid are args of its ``execution``
+slice.
 
 Timestamps are the writer's clock (``time.time_ns`` by default, which every
 node shares); late facts are written at their true time. Not thread-safe:
