@@ -194,10 +194,14 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
     stage_of = {s.name: s for s in stages}
     assert len(model.flows) == len(executions)
     assert len({f.flow_id for f in model.flows}) == len(executions)  # one per execution
+    # Each arrow leaves its stage's 'task launched' mark for that task, nested in the slice.
+    launches = {i.id: i for i in model.instants if i.name == L.INSTANT_TASK_LAUNCHED}
     for flow in model.flows:
         dest = model.slice_by_id(flow.dest_id)
         assert dest.category == L.CAT_EXECUTION
-        assert flow.source_id == stage_of[dest.name or ""].id
+        mark = launches[flow.source_id]
+        assert mark.parent_id == stage_of[dest.name or ""].id
+        assert mark.args[L.ARG_TASK_ID] == dest.args[L.ARG_TASK_ID]
     return model
 
 
@@ -262,9 +266,11 @@ def test_traces_load_in_trace_processor(
         )
         assert [r["memory"] for r in requests] == [REQUEST] * PARTITIONS
         (flows,) = rows(
-            "SELECT COUNT(*) AS n FROM flow JOIN slice AS st ON st.id = flow.slice_out "
+            "SELECT COUNT(*) AS n FROM flow JOIN slice AS mark ON mark.id = flow.slice_out "
+            "JOIN slice AS st ON st.id = mark.parent_id "
             "JOIN slice AS ex ON ex.id = flow.slice_in "
-            "WHERE st.category = 'stage' AND ex.category = 'execution' AND st.name = ex.name"
+            "WHERE st.category = 'stage' AND ex.category = 'execution' AND st.name = ex.name "
+            "AND mark.name = 'task launched'"
         )
         assert flows["n"] == PARTITIONS + 1
         (waves,) = rows("SELECT COUNT(*) AS n FROM slice WHERE name = 'wave'")

@@ -50,7 +50,7 @@ def test_executions_on_both_nodes(ray_cluster: Any, tmp_path: Path) -> None:
 
     rt = check_runner_trace(path, {"sleepy": NUM_PARTITIONS, "where": NUM_PARTITIONS})
     assert len(rt.nodes) == 2
-    assert [n.sibling_order_rank for n in rt.nodes] == [1, 2]
+    assert [n.sibling_order_rank for n in rt.nodes] == [3, 4]  # after scheduler, tasks, stages
     # Node process names carry the start of the Ray node id.
     labels = {n.name.split("(")[1].rstrip(")") for n in rt.nodes if n.name}
     assert {label for label in labels if any(nid.startswith(label) for nid in nodes)} == labels

@@ -212,8 +212,8 @@ def test_trace_processor_loads_a_runner_trace(tmp_path: Path, trace_processor_bi
         assert {(f.src_cat, f.dst_cat) for f in flows} == {(L.CAT_STAGE, L.CAT_EXECUTION)}
         assert all(f.src == f.dst and f.mark == L.INSTANT_TASK_LAUNCHED for f in flows)
         # Plain tracks only: no process or thread (the UI would append synthetic ids).
-        assert not rows("select name from process where name is not null")
-        assert not rows("select name from thread where name is not null")
+        assert not rows("select name from process where upid != 0")
+        assert not rows("select name from thread where utid != 0")
         tracks = {r.name for r in rows("select name from track where name is not null")}
         assert {L.TASKS_TRACK, L.STAGES_TRACK, L.TASK_LANE, "0: first", "1: second",
                 f"{L.SCHEDULER_PROCESS} (pipeline)", L.DISPATCH_LOOP_THREAD} <= tracks
