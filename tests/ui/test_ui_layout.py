@@ -5,7 +5,7 @@ a two-node run, a run with failures), opens it in Perfetto's own UI through
 ../shared/perfetto-ui/ui-screenshot.sh and checks the UI's track tree (names, nesting,
 order, renderers, counts) against the trace, and that the UI loaded it without a dialog,
 an import error or a data loss. Skipped where that folder is absent. The screenshots stay
-in the test's output folder (named in any failure).
+in .ui-screenshots/<test>/ (ui_shot.OUT_ROOT; named in any failure).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from ui_layout_checks import COUNTER, check_runner_layout
-from ui_shot import render, script
+from ui_shot import out_dir, render, script
 
 from tracer.cli.open_trace import startup_query
 from tracer.format import read_trace
@@ -49,16 +49,16 @@ def _mock_workload(path: Path, level: int) -> Path:
 
 
 @pytest.mark.parametrize("level", [1, 2])
-def test_mock_workload(level: int, tmp_path: Path) -> None:
+def test_mock_workload(level: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """At level 2 the UI is opened as `tracer open` opens it: its startupCommands run after
     the load and must leave the dispatch loop pinned, the run, its scheduler, stages and
     nodes open and the rest closed (the tree the UI reports holds every track either way)."""
     trace = _mock_workload(tmp_path / f"mock-l{level}.perfetto-trace", level)
     if level == 2:
-        run = render(trace, tmp_path / "ui", "--expand=none",
+        run = render(trace, out_dir(request), "--expand=none",
                      f"--ui=http://127.0.0.1:10000/#!/?{startup_query()}")
     else:
-        run = render(trace, tmp_path / "ui")
+        run = render(trace, out_dir(request))
     model = read_trace(trace)
     root = check_runner_layout(run, model, MOCK_STAGES)
     (node,) = root.children[3:]
@@ -102,11 +102,11 @@ def _raise_on_3(x: int) -> int:
     return x * 10
 
 
-def test_two_node_run(ray_cluster: object, tmp_path: Path) -> None:
+def test_two_node_run(ray_cluster: object, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     trace = tmp_path / "two-nodes.perfetto-trace"
     stages = [Stage("nap", _nap, num_cpus=1), Stage("inc", _inc, num_cpus=1)]
     Pipeline(list(range(6)), stages).run(tracing_level=1, trace_path=trace, progress=False)
-    run = render(trace, tmp_path / "ui")
+    run = render(trace, out_dir(request))
     root = check_runner_layout(run, read_trace(trace), {"nap": 6, "inc": 6})
     nodes = root.children[3:]
     assert [n.name.split(" (")[0] for n in nodes] == ["Node 0", "Node 1"], run.where()
@@ -114,7 +114,9 @@ def test_two_node_run(ray_cluster: object, tmp_path: Path) -> None:
     assert all(any(c.count("slices") for c in n.children[2:]) for n in nodes), run.where()
 
 
-def test_run_with_failures(ray_local: None, tmp_path: Path) -> None:
+def test_run_with_failures(
+    ray_local: None, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     trace = tmp_path / "failures.perfetto-trace"
     stages = [Stage("explode", _raise_on_3), Stage("after", abs)]
     with pytest.raises(KeyError, match="always 3"):
@@ -126,7 +128,7 @@ def test_run_with_failures(ray_local: None, tmp_path: Path) -> None:
         "after": sum(1 for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
                      and s.name == "after"),
     }
-    run = render(trace, tmp_path / "ui")
+    run = render(trace, out_dir(request))
     root = check_runner_layout(run, model, launched)
     # The failure is marked on the worker where the task ran, beside its execution.
     marks = [w for n in root.children[3:] for w in n.children

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -28,6 +29,10 @@ SCRIPT = Path(
     os.environ.get("TRACER_PERFETTO_UI_SCRIPT")
     or REPO.parent / "shared" / "perfetto-ui" / "ui-screenshot.sh"
 )
+#: Where each test leaves the UI's screenshots and dumps (one folder per test, replaced
+#: by its next run): $TRACER_UI_OUT, else .ui-screenshots/ in the repository (not
+#: pytest's tmp_path, which later runs rotate away).
+OUT_ROOT = Path(os.environ.get("TRACER_UI_OUT") or REPO / ".ui-screenshots")
 PORTS = (10000, 9001)
 #: The one dialog a load through the native accelerator shows (the script answers it).
 ACCELERATOR_DIALOG = "Use trace processor native acceleration?"
@@ -102,6 +107,15 @@ class UiRun:
 
     def where(self) -> str:
         return f"(the UI's screenshots and dumps: {self.out})"
+
+
+def out_dir(request: pytest.FixtureRequest) -> Path:
+    """A fresh folder for this test's UI output, kept after the test."""
+    name = re.sub(r"[^\w.-]+", "_", request.node.name)
+    out = OUT_ROOT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out
 
 
 def _busy(port: int) -> bool:
