@@ -16,8 +16,10 @@ trace_processor, and the test fails (an error at its teardown) when:
   threads are compared as (pid, name) and (tid, name) sets, slices by
   (ts, dur, name) multiset, counters and flows by count);
 * in a runner trace (one with execution slices), a flow does not run from a
-  stage slice to an execution of that stage, an execution has two incoming
-  arrows, or a task of a stage with a slice got no arrow at all.
+  stage slice (in tracer's layout, the stage's ``task launched`` mark, an
+  instant of category stage with the stage_id, nested in the stage's slice)
+  to an execution of that stage, an execution has two incoming arrows, or a
+  task of a stage with a slice got no arrow at all.
 
 The binary is the one tracer itself would use (``$TRACE_PROCESSOR_PATH``,
 the perfetto package's cache, ``trace_processor_shell`` on ``PATH``). It is

@@ -182,11 +182,10 @@ def _runner_like_trace(path: Path, peak: object) -> Path:
     from tracer.ray import layout as L
 
     with TraceWriter(path) as w:
-        w.process_track(1, L.SCHEDULER_PROCESS)
-        loop = w.thread_track(1, 1, "Dispatch loop")
-        lane = w.track(L.TASK_LANE, parent=w.track("Ray tasks"))
-        w.process_track(2, "Node 0 (abc)")
-        worker = w.thread_track(2, 3, "worker 3")
+        root = w.track(f"{L.RUN_TRACK_PREFIX} x")
+        loop = w.track(L.DISPATCH_LOOP_THREAD, parent=w.track(L.SCHEDULER_PROCESS, parent=root))
+        lane = w.track(L.TASK_LANE, parent=w.track(L.TASKS_TRACK, parent=root))
+        worker = w.track("worker 3", parent=w.track("Node 0 (abc)", parent=root))
         t0 = w.now()
         w.begin(loop, L.SLICE_EXECUTION, t0, category=L.CAT_SCHEDULER,
                 args={"execution_id": "x", "runner": "r", "tracing_level": 2})

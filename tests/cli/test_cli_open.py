@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -73,9 +74,17 @@ def test_serves_the_trace_once_to_the_ui(trace: Path, port_free: None) -> None:
     try:
         assert proc.stdout is not None
         link = proc.stdout.readline().strip()
-        assert link == (
+        head, commands = link.split("&startupCommands=")
+        assert head == (
             f"{UI}/#!/?url=http://127.0.0.1:9001/{quote(trace.name)}&referrer=open_trace_in_ui"
         )
+        # The view the UI sets up once loaded (run in the real UI by tests/ui): the run and
+        # its scheduler, stages and nodes expanded, the dispatch loop pinned.
+        assert [(c["id"], c["args"]) for c in json.loads(unquote(commands))] == [
+            ("dev.perfetto.ExpandTracksByRegex", ["^Run ", "name"]),
+            ("dev.perfetto.ExpandTracksByRegex", ["^(Scheduler \\(|Stages$|Node )", "name"]),
+            ("dev.perfetto.PinTracksByRegex", ["^Dispatch\\ loop$", "name"]),
+        ]
         # Bound to 127.0.0.1 only: another loopback address gets no answer.
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.2", 9001)) != 0

@@ -132,7 +132,7 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
 
     # The dispatch loop of Daft's scheduler, its waves numbered as Daft numbers them.
     scheduler = _only(model, f"{L.SCHEDULER_PROCESS} ({tdaft.RUNNER_NAME})")
-    loop = [t for t in model.children(scheduler.uuid) if t.kind == "thread"]
+    loop = [t for t in model.children(scheduler.uuid) if t.kind == "track"]
     assert [t.name for t in loop] == [L.DISPATCH_LOOP_THREAD]
     on_loop = model.slices_on(loop[0].uuid)
     (execution,) = [s for s in on_loop if s.depth == 0]
@@ -177,7 +177,7 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
     task_of = {t.args[L.ARG_TASK_ID]: t for t in tasks}
     for e in executions:
         worker = model.tracks[e.track_uuid]
-        assert worker.kind == "thread" and (worker.name or "").startswith("worker "), worker
+        assert worker.kind == "track" and (worker.name or "").startswith("worker "), worker
         node = model.parent_of(worker.uuid)
         assert node is not None and node.name == f"{L.NODE_PROCESS_PREFIX} 0 ({node_id[:8]})"
         task = task_of[e.args[L.ARG_TASK_ID]]
@@ -194,10 +194,14 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
     stage_of = {s.name: s for s in stages}
     assert len(model.flows) == len(executions)
     assert len({f.flow_id for f in model.flows}) == len(executions)  # one per execution
+    # Each arrow leaves its stage's 'task launched' mark for that task, nested in the slice.
+    launches = {i.id: i for i in model.instants if i.name == L.INSTANT_TASK_LAUNCHED}
     for flow in model.flows:
         dest = model.slice_by_id(flow.dest_id)
         assert dest.category == L.CAT_EXECUTION
-        assert flow.source_id == stage_of[dest.name or ""].id
+        mark = launches[flow.source_id]
+        assert mark.parent_id == stage_of[dest.name or ""].id
+        assert mark.args[L.ARG_TASK_ID] == dest.args[L.ARG_TASK_ID]
     return model
 
 
@@ -244,10 +248,10 @@ def test_traces_load_in_trace_processor(
         assert rows("SELECT name, idx, severity, value FROM stats WHERE value > 0 "
                     "AND severity IN ('error', 'data_loss')") == []
         executions = rows(
-            "SELECT s.name AS stage, process.name AS node, thread.name AS worker, "
+            "SELECT s.name AS stage, node.name AS node, worker.name AS worker, "
             "EXTRACT_ARG(s.arg_set_id, 'debug.memory_requested') AS requested "
-            "FROM slice AS s JOIN thread_track AS tt ON tt.id = s.track_id "
-            "JOIN thread USING (utid) JOIN process USING (upid) "
+            "FROM slice AS s JOIN track AS worker ON worker.id = s.track_id "
+            "JOIN track AS node ON node.id = worker.parent_id "
             "WHERE s.category = 'execution'"
         )
         assert Counter(e["stage"] for e in executions) == {
@@ -262,9 +266,11 @@ def test_traces_load_in_trace_processor(
         )
         assert [r["memory"] for r in requests] == [REQUEST] * PARTITIONS
         (flows,) = rows(
-            "SELECT COUNT(*) AS n FROM flow JOIN slice AS st ON st.id = flow.slice_out "
+            "SELECT COUNT(*) AS n FROM flow JOIN slice AS mark ON mark.id = flow.slice_out "
+            "JOIN slice AS st ON st.id = mark.parent_id "
             "JOIN slice AS ex ON ex.id = flow.slice_in "
-            "WHERE st.category = 'stage' AND ex.category = 'execution' AND st.name = ex.name"
+            "WHERE st.category = 'stage' AND ex.category = 'execution' AND st.name = ex.name "
+            "AND mark.name = 'task launched'"
         )
         assert flows["n"] == PARTITIONS + 1
         (waves,) = rows("SELECT COUNT(*) AS n FROM slice WHERE name = 'wave'")

@@ -9,18 +9,16 @@ documented import rules (/work/shared/perfetto-format.md, section 2):
 * ``args(arg_set_id, key, int_value, string_value, real_value)`` with debug
   annotations as ``debug.<name>``, dict entries ``debug.<name>.<key>`` and
   array items ``debug.<name>[i]``, and ``EXTRACT_ARG(arg_set_id, key)``;
-* ``thread_track(id, utid)``: thread tracks and the tracks under them;
-  ``thread(utid, tid, name, upid)``; ``process(upid, pid, name)``.
+* ``track(id, name, parent_id)``: the plain tracks, with their parents.
 
 It checks that the SQL is valid SQLite and computes what the reader engine
 computes; it is no proof that trace_processor accepts it (the real check runs
 when a binary is available, which CI always has).
 
-The SQL files use PerfettoSQL's standard library. Of it, SQLite gets a
-stand-in for one view: ``thread_slice`` (slices.with_context), three joins.
-A file that needs more (worker_utilisation.sql's interval intersection, a
-trace_processor operator) does not run here: :func:`runs_in_sqlite` says
-which, and only trace_processor checks them.
+The SQL files use PerfettoSQL's standard library. A file that needs it
+(worker_utilisation.sql's interval intersection, a trace_processor
+operator) does not run here: :func:`runs_in_sqlite` says which, and only
+trace_processor checks them.
 """
 
 from __future__ import annotations
@@ -39,16 +37,7 @@ _SANITIZE = re.compile(r"[.\[\]]")
 _INCLUDE = re.compile(r"^INCLUDE PERFETTO MODULE ([\w.]+);[ \t]*$", re.MULTILINE)
 
 #: Stand-ins for the standard library modules that SQLite can do without trace_processor.
-STAND_INS = {
-    "slices.with_context": """
-        CREATE VIEW thread_slice AS
-        SELECT s.*, th.utid, th.name AS thread_name, th.upid, p.name AS process_name
-        FROM slice AS s
-        JOIN thread_track AS tt ON tt.id = s.track_id
-        JOIN thread AS th ON th.utid = tt.utid
-        LEFT JOIN process AS p ON p.upid = th.upid
-    """,
-}
+STAND_INS: dict[str, str] = {}
 
 
 def runs_in_sqlite(name: str) -> bool:
@@ -84,9 +73,7 @@ def connect(model: TraceModel) -> sqlite3.Connection:
                             category TEXT, name TEXT, depth INT, parent_id INT, arg_set_id INT);
         CREATE TABLE args (arg_set_id INT, key TEXT, int_value INT, string_value TEXT,
                            real_value REAL);
-        CREATE TABLE thread_track (id INT, utid INT);
-        CREATE TABLE thread (utid INT, tid INT, name TEXT, upid INT);
-        CREATE TABLE process (upid INT, pid INT, name TEXT);
+        CREATE TABLE track (id INT, name TEXT, parent_id INT);
         """
     )
     arg_values: dict[int, dict[str, Any]] = {}
@@ -118,32 +105,10 @@ def connect(model: TraceModel) -> sqlite3.Connection:
 
     db.create_function("EXTRACT_ARG", 2, extract_arg, deterministic=True)
 
-    processes: dict[int, int] = {}
     for track in model.tracks.values():
-        if track.kind == "process" and track.pid is not None and track.pid not in processes:
-            upid = len(processes) + 1
-            processes[track.pid] = upid
-            db.execute("INSERT INTO process VALUES (?, ?, ?)", (upid, track.pid, track.name))
-    utids: dict[int, int] = {}
-    for track in model.tracks.values():
-        if track.kind == "thread" and track.pid is not None and track.tid is not None:
-            upid = processes.get(track.pid)
-            if upid is None:  # trace_processor makes the process, unnamed
-                upid = processes[track.pid] = len(processes) + 1
-                db.execute("INSERT INTO process VALUES (?, ?, NULL)", (upid, track.pid))
-            utid = utids[track.uuid] = len(utids) + 1
-            db.execute("INSERT INTO thread VALUES (?, ?, ?, ?)",
-                       (utid, track.tid, track.name, upid))
-    for track in model.tracks.values():
-        if track.kind == "counter":
-            continue
-        current, seen = track, set()
-        while current is not None and current.kind != "thread" and current.uuid not in seen:
-            seen.add(current.uuid)
-            parent = current.parent_uuid
-            current = model.tracks.get(parent) if parent is not None else None
-        if current is not None and current.uuid in utids:
-            db.execute("INSERT INTO thread_track VALUES (?, ?)", (track.uuid, utids[current.uuid]))
+        db.execute(
+            "INSERT INTO track VALUES (?, ?, ?)", (track.uuid, track.name, track.parent_uuid)
+        )
     for view in STAND_INS.values():
         db.execute(view)
     db.executescript(_sqlite(sql_text(TABLES)))

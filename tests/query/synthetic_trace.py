@@ -25,15 +25,14 @@ NODE = "Node 0 (abc)"
 def write(path: Path) -> Path:
     events: list[tuple[int, int, Callable[[], Any]]] = []
     with TraceWriter(path, clock=lambda: BASE) as w:
-        sched = w.process_track(100, f"{L.SCHEDULER_PROCESS} (synthetic)", rank=0)
-        loop = w.thread_track(100, 100, L.DISPATCH_LOOP_THREAD)
-        del sched
-        tasks_root = w.track(L.TASKS_TRACK, rank=1)
+        root = w.track(f"{L.RUN_TRACK_PREFIX} syn", child_ordering="explicit")
+        sched = w.track(f"{L.SCHEDULER_PROCESS} (synthetic)", parent=root, rank=0)
+        loop = w.track(L.DISPATCH_LOOP_THREAD, parent=sched)
+        tasks_root = w.track(L.TASKS_TRACK, parent=root, rank=1)
         lanes = [w.track(L.TASK_LANE, parent=tasks_root) for _ in range(3)]
-        pid = 2_000_000_000
-        w.process_track(pid, NODE, rank=1)
-        w11 = w.thread_track(pid, (1 << 22) + 11, f"{L.WORKER_THREAD_PREFIX} 11")
-        w12 = w.thread_track(pid, (1 << 22) + 12, f"{L.WORKER_THREAD_PREFIX} 12")
+        node = w.track(NODE, parent=root, rank=3)
+        w11 = w.track(f"{L.WORKER_THREAD_PREFIX} 11", parent=node)
+        w12 = w.track(f"{L.WORKER_THREAD_PREFIX} 12", parent=node)
         w12_lane = w.track(f"{L.WORKER_THREAD_PREFIX} 12", parent=w12)
 
         def at(ts: int, fn: Callable[[], Any]) -> None:

@@ -71,11 +71,12 @@ def write_late_trace(path: Path) -> Path:
     """Two tasks on one lane, the first one's ends written after the second's, 2.9 s late
     (tracer's writer is never that late: a trace from elsewhere)."""
     with TraceWriter(path, clock=lambda: BASE) as w:
-        w.process_track(1, f"{L.SCHEDULER_PROCESS} (late)", rank=0)
-        loop = w.thread_track(1, 1, L.DISPATCH_LOOP_THREAD)
-        lane = w.track(L.TASK_LANE, parent=w.track(L.TASKS_TRACK, rank=1))
-        w.process_track(2, "Node 0 (late)", rank=1)
-        worker = w.thread_track(2, 22, f"{L.WORKER_THREAD_PREFIX} 22")
+        root = w.track(f"{L.RUN_TRACK_PREFIX} late", child_ordering="explicit")
+        sched = w.track(f"{L.SCHEDULER_PROCESS} (late)", parent=root, rank=0)
+        loop = w.track(L.DISPATCH_LOOP_THREAD, parent=sched)
+        lane = w.track(L.TASK_LANE, parent=w.track(L.TASKS_TRACK, parent=root, rank=1))
+        node = w.track("Node 0 (late)", parent=root, rank=3)
+        worker = w.track(f"{L.WORKER_THREAD_PREFIX} 22", parent=node)
         w.begin(loop, L.SLICE_EXECUTION, BASE, category=L.CAT_SCHEDULER,
                 args={"execution_id": "late", "runner": "test", "tracing_level": 1})
         for n, (created, start, end) in enumerate(((0, 20, 80), (200, 300, 2900))):
@@ -131,19 +132,20 @@ def test_a_trace_out_of_order_beyond_the_window_is_scanned_again(
     assert list(q.task_latency()["total_ns"]) == [100 * MS, 2800 * MS]
 
 
-def test_an_execution_is_a_slice_of_a_worker_thread_in_both_engines(tmp_path: Path) -> None:
-    """Executions on a thread's track or under it, at any depth, count (with the thread's
-    node and worker); ones on other tracks do not, in trace_processor's thread_slice as in
-    the reader."""
+def test_an_execution_is_a_slice_of_a_worker_track_in_both_engines(tmp_path: Path) -> None:
+    """Executions on a worker's track (a child of a node's, "Node ...") or on a lane
+    under it count, with the node's and worker's names; ones deeper, on the node itself,
+    on a thread or elsewhere do not, in trace_processor's SQL as in the reader."""
     from tracer.query import TraceProcessorNotFoundError, find_trace_processor
 
     path = tmp_path / "tracks.perfetto-trace"
     with TraceWriter(path, clock=lambda: BASE) as w:
-        w.process_track(7, "Node X")
-        thread = w.thread_track(7, 70, "worker 70")
-        lane = w.track("lane", parent=thread)
-        tracks = [thread, lane, w.track("lane", parent=lane),
-                  w.track("beside", parent=w.process_track(8, "Node Y")), w.track("global")]
+        node = w.track("Node X")
+        worker = w.track("worker 70", parent=node)
+        lane = w.track("lane", parent=worker)
+        w.process_track(8, "Node Y")
+        tracks = [worker, lane, w.track("lane", parent=lane), node,
+                  w.thread_track(8, 80, "worker 80"), w.track("global")]
         tasks = w.track(L.TASKS_TRACK)
         for i, track in enumerate(tracks):
             task_lane = w.track(L.TASK_LANE, parent=tasks)
@@ -155,8 +157,9 @@ def test_an_execution_is_a_slice_of_a_worker_thread_in_both_engines(tmp_path: Pa
             w.end(task_lane, BASE + 100 + i)
     reader = TraceQuery(path, READER).task_latency()
     got = records(reader)
-    assert [r["worker"] for r in got] == ["worker 70"] * 3 + [None, None]
-    assert [r["running_ns"] for r in got] == [5, 5, 5, None, None]
+    assert [r["worker"] for r in got] == ["worker 70"] * 2 + [None] * 4
+    assert [r["node"] for r in got] == ["Node X"] * 2 + [None] * 4
+    assert [r["running_ns"] for r in got] == [5, 5, None, None, None, None]
     try:
         binary = find_trace_processor()
     except TraceProcessorNotFoundError:

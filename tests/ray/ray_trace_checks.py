@@ -39,6 +39,7 @@ class RunnerTrace:
     """A runner trace split along the layout: scheduler, task lanes, stages, nodes."""
 
     model: TraceModel
+    root: TrackInfo
     scheduler: TrackInfo
     loop: TrackInfo
     counters: dict[str, TrackInfo]
@@ -47,7 +48,7 @@ class RunnerTrace:
     stages_root: TrackInfo
     stage_tracks: list[TrackInfo]
     nodes: list[TrackInfo]
-    workers: dict[int, list[TrackInfo]]  # node uuid -> its worker threads
+    workers: dict[int, list[TrackInfo]]  # node uuid -> its worker tracks
 
     def on(self, track: TrackInfo) -> list[Slice]:
         return self.model.slices_on(track.uuid)
@@ -69,18 +70,23 @@ class RunnerTrace:
     def stage_slices(self) -> list[Slice]:
         return [s for t in self.stage_tracks for s in self.on(t)]
 
+    def launches(self, track: TrackInfo) -> list[Instant]:
+        """The 'task launched' marks on a stage's track."""
+        return [i for i in self.model.instants
+                if i.track_uuid == track.uuid and i.name == L.INSTANT_TASK_LAUNCHED]
+
     @property
     def executions(self) -> list[Slice]:
-        """Every execution slice, on worker threads (and their overlap lanes)."""
+        """Every execution slice, on worker tracks (and their overlap lanes)."""
         return [s for s in self.model.slices if s.category == L.CAT_EXECUTION]
 
     def counter_values(self, name: str) -> list[int | float]:
         return [c.value for c in self.model.counters_on(self.counters[name].uuid)]
 
     def node_of(self, execution: Slice) -> TrackInfo:
-        """The node process an execution ran on."""
+        """The node an execution ran on: its worker's parent track."""
         track: TrackInfo | None = self.model.tracks[execution.track_uuid]
-        while track is not None and track.kind != "process":
+        while track is not None and not (track.name or "").startswith(L.NODE_PROCESS_PREFIX):
             track = self.model.parent_of(track.uuid)
         assert track is not None and track.name is not None
         assert track.name.startswith(L.NODE_PROCESS_PREFIX + " "), track
@@ -88,36 +94,39 @@ class RunnerTrace:
 
 
 def split(model: TraceModel) -> RunnerTrace:
-    """Find the layout's tracks, asserting its shape on the way."""
-    top = model.children(None)
-    schedulers = [
-        t for t in top if t.kind == "process" and (t.name or "").startswith(L.SCHEDULER_PROCESS)
-    ]
-    assert len(schedulers) == 1, [t.name for t in top]
-    scheduler = schedulers[0]
+    """Find the layout's tracks, asserting its shape on the way: one root per run holding,
+    in this order, the scheduler, the task lanes, the stages and the nodes (plain tracks)."""
+    (root,) = model.children(None)
+    assert root.kind == "track" and (root.name or "").startswith(L.RUN_TRACK_PREFIX + " ")
+    assert root.child_ordering == "explicit"
+    top = sorted(model.children(root.uuid), key=lambda t: t.sibling_order_rank or 0)
+    scheduler, tasks_root, stages_root, *nodes = top
+    assert (scheduler.name or "").startswith(L.SCHEDULER_PROCESS + " ("), scheduler
+    assert scheduler.kind == "track" and scheduler.child_ordering == "explicit"
     under = model.children(scheduler.uuid)
-    loops = [t for t in under if t.kind == "thread"]
+    loops = [t for t in under if t.kind == "track"]
     assert [t.name for t in loops] == [L.DISPATCH_LOOP_THREAD]
+    assert loops[0].sibling_order_rank == 0
     counters = {t.name or "": t for t in under if t.kind == "counter"}
     assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= set(counters), counters
 
-    (tasks_root,) = [t for t in top if t.kind == "track" and t.name == L.TASKS_TRACK]
+    assert (tasks_root.kind, tasks_root.name) == ("track", L.TASKS_TRACK)
     lanes = model.children(tasks_root.uuid)
     assert lanes, "no task lanes"
     assert {t.name for t in lanes} == {L.TASK_LANE}
-    (stages_root,) = [t for t in top if t.kind == "track" and t.name == L.STAGES_TRACK]
+    assert (stages_root.kind, stages_root.name) == ("track", L.STAGES_TRACK)
     assert stages_root.child_ordering == "explicit"
     stage_tracks = model.children(stages_root.uuid)
 
-    nodes = [t for t in top if t.kind == "process" and t is not scheduler]
     assert all((t.name or "").startswith(L.NODE_PROCESS_PREFIX + " ") for t in nodes), nodes
-    workers = {n.uuid: [t for t in model.children(n.uuid) if t.kind == "thread"] for n in nodes}
-    for threads in workers.values():
-        assert all((t.name or "").startswith(L.WORKER_THREAD_PREFIX + " ") for t in threads)
-    assert len(top) == 3 + len(nodes), [t.name for t in top]
+    assert all(t.kind == "track" and t.child_ordering == "explicit" for t in nodes), nodes
+    workers = {n.uuid: [t for t in model.children(n.uuid) if t.kind == "track"] for n in nodes}
+    for tracks in workers.values():
+        assert all((t.name or "").startswith(L.WORKER_THREAD_PREFIX + " ") for t in tracks)
+    assert not [t for t in model.tracks.values() if t.kind in ("process", "thread")]
     return RunnerTrace(
-        model, scheduler, loops[0], counters, tasks_root, lanes, stages_root, stage_tracks,
-        nodes, workers,
+        model, root, scheduler, loops[0], counters, tasks_root, lanes, stages_root,
+        stage_tracks, nodes, workers,
     )
 
 
@@ -155,7 +164,10 @@ def check_runner_trace(
         assert (stage.name, stage.category) == (name, L.CAT_STAGE)
         assert stage.args[L.ARG_STAGE_ID] == i
         assert stage.args["num_tasks"] == num_tasks
-        assert len(stage.flow_ids_out) == num_tasks
+        assert not stage.flow_ids_out
+        launches = rt.launches(rt.stage_tracks[i])
+        assert len(launches) == num_tasks
+        assert all(m.parent_id == stage.id and len(m.flow_ids_out) == 1 for m in launches)
 
     # Dispatch loop: one execution slice holding the waves, which hold the phases.
     loop = rt.loop_slices
@@ -222,7 +234,8 @@ def check_executions(rt: RunnerTrace, stages: dict[str, int]) -> None:
     flows_into: dict[int, list[int]] = {}
     for flow in model.flows:
         flows_into.setdefault(flow.dest_id, []).append(flow.source_id)
-    stage_slice = {s.name: s for s in rt.stage_slices}
+    stage_of_track = {t.uuid: s.name for t in rt.stage_tracks for s in rt.on(t)}
+    launch = {m.id: m for t in rt.stage_tracks for m in rt.launches(t)}
     for e in executions:
         task_id = e.args[L.ARG_TASK_ID]
         task = task_of[task_id]
@@ -235,9 +248,14 @@ def check_executions(rt: RunnerTrace, stages: dict[str, int]) -> None:
         request = task.args[L.ARG_RESOURCE_REQUEST]
         if request["num_cpus"]:
             assert assigned["CPU"] == request["num_cpus"], (assigned, request)
-        assert flows_into.get(e.id) == [stage_slice[e.name].id], e
-    # Every flow leaves a stage slice and ends on an execution.
+        # The arrow leaves the stage's track where the task was launched (created).
+        (source,) = flows_into[e.id]
+        assert stage_of_track[launch[source].track_uuid] == e.name, e
+        assert launch[source].args[L.ARG_TASK_ID] == task_id
+        assert launch[source].ts == task.ts
+    # Every flow leaves a stage's launch mark and ends on an execution.
     by_id: dict[int, Slice | Instant] = {s.id: s for s in model.slices}
+    by_id.update({i.id: i for i in model.instants})
     for flow in model.flows:
         assert by_id[flow.source_id].category == L.CAT_STAGE
         assert by_id[flow.dest_id].category == L.CAT_EXECUTION

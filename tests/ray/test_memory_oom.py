@@ -138,8 +138,8 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     assert mark.args[L.ARG_TASK_ID] == "0-1"
     assert mark.args[L.ARG_ERROR_TYPE] == "OutOfMemoryError"
     assert mark.args[L.ARG_MEMORY_AT_KILL] == killed[L.ARG_MEMORY_AT_KILL]
-    thread = model.tracks[mark.track_uuid]
-    assert thread.kind == "thread" and thread.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
+    worker = model.tracks[mark.track_uuid]
+    assert worker.kind == "track" and worker.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
     assert _process_of(model, mark.track_uuid).uuid == node.uuid
     # When the runner saw it: after the task was dispatched, before the task slice ended.
     assert tasks["0-1"].ts <= mark.ts <= tasks["0-1"].ts + (tasks["0-1"].dur or 0)
@@ -147,7 +147,7 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
 
 def _process_of(model: Any, uuid: int) -> Any:
     track = model.tracks[uuid]
-    while track is not None and track.kind != "process":
+    while track is not None and not (track.name or "").startswith(L.NODE_PROCESS_PREFIX):
         track = model.parent_of(track.uuid)
     assert track is not None
     return track

@@ -66,17 +66,22 @@ def test_track_layout(rt: RunnerTrace) -> None:
     }
     assert rt.counters[L.COUNTER_AVAILABLE_MEMORY].unit == "bytes"
     assert rt.counters[L.COUNTER_INFLIGHT].unit == "count"
-    # Top-level order: scheduler, tasks, stages, then one process per node.
-    assert model.process_ordering == "explicit"
+    # Order under the run's root: scheduler, tasks, stages, then one track per node.
+    execution_id = rt.loop_slices[0].args["execution_id"]
+    assert rt.root.name == f"{L.RUN_TRACK_PREFIX} {execution_id}"
     assert rt.scheduler.sibling_order_rank == 0
     assert rt.tasks_root.sibling_order_rank == 1
     assert rt.stages_root.sibling_order_rank == 2
-    assert [n.sibling_order_rank for n in rt.nodes] == list(range(1, 1 + len(rt.nodes)))
+    assert [n.sibling_order_rank for n in rt.nodes] == list(range(3, 3 + len(rt.nodes)))
     assert len(rt.nodes) == 1  # a single-node cluster
-    # A thread per worker process that ran a task, named after its pid.
-    threads = rt.workers[rt.nodes[0].uuid]
-    assert threads
-    assert len({t.tid for t in threads}) == len(threads)
+    # A track per worker process that ran a task, named after its real pid.
+    workers = rt.workers[rt.nodes[0].uuid]
+    assert workers
+    assert len({t.name for t in workers}) == len(workers)
+    for t in workers:  # "worker <pid>": a real Linux pid (below pid_max), no synthetic id
+        prefix, pid = (t.name or "").split(" ")
+        assert prefix == L.WORKER_THREAD_PREFIX and 0 < int(pid) < (1 << 22), t
+    del model
     # Lanes: no more than the tasks that were ever in flight at once.
     assert len(rt.lanes) <= max(rt.counter_values(L.COUNTER_INFLIGHT))
 

@@ -167,7 +167,7 @@ def test_concurrent_executions_in_threads(tmp_path: Path) -> None:
         rt = check_runner_trace(path, {f"{name}-a": n, f"{name}-b": n})
         (execution,) = [s for s in rt.loop_slices if s.depth == 0]
         assert execution.args["execution_id"] == name
-        loop_tids.add(rt.loop.tid)
+        loop_tids.add(execution.args["tid"])
     assert len(loop_tids) == len(runs)  # each loop ran (and is shown) on its own thread
 
 
@@ -204,21 +204,21 @@ def test_trace_processor_loads_a_runner_trace(tmp_path: Path, trace_processor_bi
         executions = rows("select id, name from slice where category = 'execution'")
         assert len(executions) == 8
         flows = rows(
-            "select so.name as src, so.category as src_cat, si.name as dst, "
+            "select sp.name as src, so.name as mark, so.category as src_cat, si.name as dst, "
             "si.category as dst_cat from flow f join slice so on so.id = f.slice_out "
-            "join slice si on si.id = f.slice_in"
+            "join slice sp on sp.id = so.parent_id join slice si on si.id = f.slice_in"
         )
         assert len(flows) == 8
         assert {(f.src_cat, f.dst_cat) for f in flows} == {(L.CAT_STAGE, L.CAT_EXECUTION)}
-        assert all(f.src == f.dst for f in flows)
-        processes = {r.name for r in rows("select name from process where name is not null")}
-        assert f"{L.SCHEDULER_PROCESS} (pipeline)" in processes
-        assert any(p.startswith(L.NODE_PROCESS_PREFIX + " ") for p in processes)
-        threads = {r.name for r in rows("select name from thread where name is not null")}
-        assert L.DISPATCH_LOOP_THREAD in threads
-        assert any(t.startswith(L.WORKER_THREAD_PREFIX + " ") for t in threads)
+        assert all(f.src == f.dst and f.mark == L.INSTANT_TASK_LAUNCHED for f in flows)
+        # Plain tracks only: no process or thread (the UI would append synthetic ids).
+        assert not rows("select name from process where upid != 0")
+        assert not rows("select name from thread where utid != 0")
         tracks = {r.name for r in rows("select name from track where name is not null")}
-        assert {L.TASKS_TRACK, L.STAGES_TRACK, L.TASK_LANE, "0: first", "1: second"} <= tracks
+        assert {L.TASKS_TRACK, L.STAGES_TRACK, L.TASK_LANE, "0: first", "1: second",
+                f"{L.SCHEDULER_PROCESS} (pipeline)", L.DISPATCH_LOOP_THREAD} <= tracks
+        assert any(t.startswith(L.NODE_PROCESS_PREFIX + " ") for t in tracks)
+        assert any(t.startswith(L.WORKER_THREAD_PREFIX + " ") for t in tracks)
         counters = {r.name for r in rows("select name from counter_track")}
         assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= counters
         args = rows(

@@ -85,8 +85,36 @@ def test_a_producer_draws_a_run_with_facts(tmp_path: Path) -> None:
     assert [e.args.get(L.ARG_OVER_REQUEST) for e in executions] == [None, True]
     (stage,) = [s for s in model.slices if s.category == L.CAT_STAGE]
     assert stage.args[L.ARG_TASKS_OVER_REQUEST] == 1
-    assert sorted((f.source_id, f.dest_id) for f in model.flows) == sorted(
-        (stage.id, e.id) for e in executions)
+    # The arrows leave the stage's track at each task's creation (a mark nested in the
+    # stage's slice), not at the slice's end.
+    launches = {i.id: i for i in model.instants if i.name == L.INSTANT_TASK_LAUNCHED}
+    assert sorted((launches[f.source_id].ts - T0, f.dest_id) for f in model.flows) == sorted(
+        (i * MS, e.id) for i, e in enumerate(executions))
+    assert {i.parent_id for i in launches.values()} == {stage.id}
+    assert len(launches) == 3  # t2 (failed, never ran) was launched too: no arrow
+
+    # Top-down: one root holding the scheduler, tasks, stages, then the nodes in the order
+    # seen; each node its memory counters on one scale, then its workers by real pid.
+    tracks = model.tracks.values()
+    (root,) = model.children(None)
+    assert root.name == "Run facts"
+
+    def ordered(parent: int) -> list[str | None]:
+        return [t.name for t in sorted(model.children(parent),
+                                       key=lambda t: t.sibling_order_rank or 0)]
+
+    assert ordered(root.uuid) == ["Scheduler (engine)", L.TASKS_TRACK, L.STAGES_TRACK,
+                                  "Node 0 (nnnnnnnn)", "Node 1 (mmmmmmmm)"]
+    (scheduler,) = [t for t in tracks if t.name == "Scheduler (engine)"]
+    assert ordered(scheduler.uuid)[0] == L.DISPATCH_LOOP_THREAD
+    (node1,) = [t for t in tracks if t.name == "Node 1 (mmmmmmmm)"]
+    assert ordered(node1.uuid) == [L.COUNTER_NODE_MEMORY_REQUESTED, L.COUNTER_NODE_MEMORY_USED,
+                                   "worker 501"]
+    assert {t.y_axis_share_key for t in model.children(node1.uuid) if t.kind == "counter"} == {
+        L.NODE_MEMORY_AXIS}
+    (worker,) = [t for t in model.children(node1.uuid) if t.name == "worker 501"]
+    assert ordered(worker.uuid) == [L.COUNTER_WORKER_RSS, L.COUNTER_WORKER_HEAP]
+    assert not [t for t in tracks if t.kind in ("process", "thread")]
     (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 1
     with TraceQuery(path, QueryConfig(engine="reader")) as q:

@@ -146,7 +146,7 @@ def test_node_removed_tasks_retried_elsewhere(
         assert task.args[L.ARG_UNMEASURED_ATTEMPTS] >= 1, task  # the attempt lost with the node
         (execution,) = executions[f"0-{x}"]  # only the attempt that returned is measured
         assert execution.args[L.ARG_RAY_ATTEMPT] >= 1
-        node_name = str(track_path(model, execution)[0])
+        node_name = str(track_path(model, execution)[1])
         assert removed[:8] not in node_name  # it ran again on the surviving node
     # Every other task ran once, and was measured once.
     for task_id, (task,) in tasks.items():

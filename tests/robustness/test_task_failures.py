@@ -258,7 +258,7 @@ def test_timeout_cancels_the_tasks_in_flight(
     marks = instants_named(model, L.INSTANT_TASK_CANCELLED)
     assert sorted(m.args[L.ARG_TASK_ID] for m in marks) == ["0-0", "0-1"]
     for mark in marks:
-        assert str(track_path(model, mark)[0]).startswith(L.NODE_PROCESS_PREFIX)
+        assert str(track_path(model, mark)[1]).startswith(L.NODE_PROCESS_PREFIX)
     executions = executions_by_task(model)
     if retry_exceptions:
         assert sorted(executions) == ["0-0", "0-1"]

@@ -26,9 +26,10 @@ def load_complete(path: str | Path) -> TraceModel:
             parent = by_id[s.parent_id]
             assert parent.dur is not None
             assert parent.ts <= s.ts and s.ts + s.dur <= parent.ts + parent.dur, (parent, s)
-    # Every flow ends on an execution (it starts on its stage's slice).
+    # Every flow ends on an execution (it starts on its stage's track, at the task's launch).
+    launches = {i.id: i for i in model.instants if i.name == L.INSTANT_TASK_LAUNCHED}
     for flow in model.flows:
-        assert by_id[flow.source_id].category == L.CAT_STAGE
+        assert launches[flow.source_id].category == L.CAT_STAGE
         assert by_id[flow.dest_id].category == L.CAT_EXECUTION
     return model
 

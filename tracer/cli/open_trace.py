@@ -7,6 +7,13 @@ only, answers 404 to anything else (the UI's ``POST /status`` probe too),
 exits once the file has been served, and prints the deep link that makes the
 UI fetch it. Like Perfetto's own ``tools/open_trace_in_ui``.
 
+The link also carries the UI's ``startupCommands`` (:data:`STARTUP_COMMANDS`),
+which run once the trace is loaded: they open the run, its scheduler, its
+stages and its nodes, and pin the dispatch loop to the top, so the first
+view shows the loop and what it launched. Only commands on the UI's
+startup allowlist run (pinning and expanding tracks by name are; selecting
+a slice is not).
+
 On a remote machine (a Ray head node), forward the port first:
 ``ssh -L 9001:127.0.0.1:9001 HOST``, then open the link locally.
 """
@@ -16,7 +23,9 @@ from __future__ import annotations
 import argparse
 import errno
 import http.server
+import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -28,6 +37,7 @@ from urllib.parse import quote, unquote, urlsplit
 from tracer.cli._common import warn
 from tracer.errors import TracerError
 from tracer.query import check_trace_file
+from tracer.ray import layout as L
 
 HELP = "open the trace in the Perfetto UI (serves it once on 127.0.0.1:9001)"
 
@@ -37,7 +47,24 @@ UI_ORIGIN = "https://ui.perfetto.dev"
 _CLIENT_CLOSE_WAIT_S = 1.0
 MAX_TIMEOUT_S = 86400.0
 
-__all__ = ["HOST", "PORT", "UI_ORIGIN", "add_parser", "run", "ui_link"]
+#: What the UI runs once the trace is loaded (its ``startupCommands`` URL
+#: argument; ids and arguments as in Perfetto v58's TrackUtils plugin, each
+#: on its startup allowlist): expand the run's root, then its scheduler,
+#: stages and nodes, and pin the dispatch loop.
+STARTUP_COMMANDS: list[dict[str, Any]] = [
+    {"id": "dev.perfetto.ExpandTracksByRegex",
+     "args": [f"^{re.escape(L.RUN_TRACK_PREFIX)} ", "name"]},
+    {"id": "dev.perfetto.ExpandTracksByRegex",
+     "args": [f"^({re.escape(L.SCHEDULER_PROCESS)} \\(|{re.escape(L.STAGES_TRACK)}$"
+              f"|{re.escape(L.NODE_PROCESS_PREFIX)} )", "name"]},
+    {"id": "dev.perfetto.PinTracksByRegex",
+     "args": [f"^{re.escape(L.DISPATCH_LOOP_THREAD)}$", "name"]},
+]
+
+__all__ = [
+    "HOST", "PORT", "STARTUP_COMMANDS", "UI_ORIGIN", "add_parser", "run", "startup_query",
+    "ui_link",
+]
 
 
 def add_parser(commands: Any) -> None:
@@ -78,10 +105,17 @@ def _timeout(text: str) -> float:
     return value
 
 
+def startup_query() -> str:
+    """The ``startupCommands`` argument of a UI link (URL-encoded JSON)."""
+    return "startupCommands=" + quote(json.dumps(STARTUP_COMMANDS, separators=(",", ":")), safe="")
+
+
 def ui_link(name: str) -> str:
-    """The Perfetto UI deep link that fetches ``name`` from 127.0.0.1:9001."""
+    """The Perfetto UI deep link that fetches ``name`` from 127.0.0.1:9001 and runs
+    :data:`STARTUP_COMMANDS` once it is loaded."""
     return (
         f"{UI_ORIGIN}/#!/?url=http://{HOST}:{PORT}/{quote(name)}&referrer=open_trace_in_ui"
+        f"&{startup_query()}"
     )
 
 

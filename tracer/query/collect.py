@@ -8,8 +8,8 @@ only what the analyses of ``tracer/query/sql`` read:
 * ``tracer_task``: the task slices (category ``task``, depth 0), with the
   timestamps of their ``dispatched`` children;
 * ``tracer_execution``: the executions (category ``execution``, not
-  ``task failed``, ended, on a thread's track or one under it), with the
-  node and worker of their thread;
+  ``task failed``, ended, on a worker's track or a lane under it), with the
+  names of their node and worker;
 * the dispatch loop's time per phase, as running sums (dispatch_loop.sql);
 * the trace's first and last moment (``MIN(ts)``, ``MAX(ts + MAX(dur, 0))``
   over the slice table, instants included) and the run's info slice.
@@ -50,6 +50,8 @@ PHASES = (
 )
 _LOOP_NAMES = frozenset((L.SLICE_EXECUTION, L.SLICE_WAVE, *PHASES))
 _PHASE_NAMES = frozenset(PHASES)
+#: A node's track: its name starts so (tracer_tables.sql's GLOB 'Node *').
+_NODE_PREFIX = L.NODE_PROCESS_PREFIX + " "
 
 # A task row: (id, created_ts, task_id, attempt, stage_id, stage, status,
 #              memory_requested, memory_at_kill, received_ts, dispatched)
@@ -251,16 +253,14 @@ class TraceRows(TraceVisitor):
             self._late_children()
         self.tasks.sort(key=lambda t: (t[1], t[0]))
         places: dict[int, tuple[str | None, str | None] | None] = {}
-        # A thread belongs to the process track with its pid (the last one, as the model's).
-        by_pid = {t.pid: t for t in tracks.values() if t.kind == "process" and t.pid is not None}
         executions: list[ExecutionRow] = []
         for e in self.executions:
             uuid = e[9]
             if uuid in places:
                 place = places[uuid]
             else:
-                place = places[uuid] = _thread_of(tracks, by_pid, uuid)
-            if place is not None:  # measured in a worker: on (or under) its thread's track
+                place = places[uuid] = _worker_of(tracks, uuid)
+            if place is not None:  # measured in a worker: on (or under) its track
                 executions.append((*e[:9], *place))
         executions.sort(key=lambda e: (e[1], e[0]))
         self.executions = executions
@@ -280,25 +280,34 @@ class TraceRows(TraceVisitor):
             tasks[i] = (*t[:10], merged[0] if len(merged) == 1 else tuple(merged))
 
 
-def _thread_of(
-    tracks: dict[int, TrackInfo], by_pid: dict[int, TrackInfo], uuid: int
-) -> tuple[str | None, str | None] | None:
-    """(node, worker): the process and thread names of the thread a track belongs to;
-    None if it belongs to none.
+def _worker_of(tracks: dict[int, TrackInfo], uuid: int) -> tuple[str | None, str | None] | None:
+    """(node, worker): the names of the node and worker tracks an execution's track is
+    (or is a lane under); None if it is under no node.
 
-    As trace_processor's thread_slice (slices.with_context) sees it: a track
-    under a thread track, at any depth, belongs to that thread, and a thread
-    to the process track with its pid.
+    As tracer_tables.sql sees it: a worker's track is a child of a track named
+    ``Node ...`` (tracer.ray.layout), and a lane of overlapping executions a
+    child of the worker's track.
     """
     track = tracks.get(uuid)
-    seen: set[int] = set()
-    while track is not None and track.kind != "thread" and track.uuid not in seen:
-        seen.add(track.uuid)
-        track = tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
-    if track is None or track.kind != "thread":
+    parent = _parent(tracks, track)
+    if _is_node(parent):
+        assert track is not None and parent is not None
+        return parent.name, track.name
+    grandparent = _parent(tracks, parent)
+    if _is_node(grandparent):
+        assert parent is not None and grandparent is not None
+        return grandparent.name, parent.name
+    return None
+
+
+def _parent(tracks: dict[int, TrackInfo], track: TrackInfo | None) -> TrackInfo | None:
+    if track is None or track.parent_uuid is None:
         return None
-    process = by_pid.get(track.pid) if track.pid is not None else None
-    return (process.name if process is not None else None), track.name
+    return tracks.get(track.parent_uuid)
+
+
+def _is_node(track: TrackInfo | None) -> bool:
+    return track is not None and (track.name or "").startswith(_NODE_PREFIX)
 
 
 def rows_from_model(model: TraceModel) -> TraceRows:

@@ -18,7 +18,17 @@ CAT_EXECUTION = "execution"
 #: Ray's own events of a task (read from Ray's task events, tracer.ray.ray_events).
 CAT_RAY = CAT_SCHEDULER
 
-# Tracks.
+# Tracks. Every track of a run is a plain track (no process or thread
+# tracks: the Perfetto UI would append their pids and tids, synthetic for
+# nodes and workers, to their names), under one root per run, in this order
+# (explicit child_ordering): the Scheduler (the dispatch loop, then its
+# counters), Ray tasks, Stages, then the nodes in the order they were seen;
+# each node holds its memory counters (on one shared y axis) and then one
+# track per worker process, named by its real pid, which holds the worker's
+# executions and, under it, Ray's phases and the worker's memory counters.
+#: The run's root: "Run <execution_id>".
+RUN_TRACK_PREFIX = "Run"
+#: "Scheduler (<runner name>)" (a group: the dispatch loop and its counters).
 SCHEDULER_PROCESS = "Scheduler"
 DISPATCH_LOOP_THREAD = "Dispatch loop"
 TASKS_TRACK = "Ray tasks"
@@ -26,10 +36,14 @@ TASK_LANE = "tasks"
 #: Under a task lane: Ray's scheduling states of the tasks on that lane (STATE_*).
 RAY_STATES_TRACK = "Ray states"
 STAGES_TRACK = "Stages"
+#: "Node <index> (<first 8 characters of the Ray node id>)", under the run's root.
 NODE_PROCESS_PREFIX = "Node"
+#: "worker <pid>", under its node: the worker process's real pid.
 WORKER_THREAD_PREFIX = "worker"
+#: The y_axis_share_key of a node's memory counters (requested, used): one scale.
+NODE_MEMORY_AXIS = "node memory"
 
-#: Under a worker's thread: Ray's phases of each task the worker ran (a slice
+#: Under a worker's track: Ray's phases of each task the worker ran (a slice
 #: named ``RAY_TASK_PREFIX + Ray's task name`` with the phases nested in it).
 #: A track of its own, not nested in the execution slice: Ray deserializes the
 #: arguments before the measured execution starts and stores the outputs after
@@ -50,15 +64,15 @@ COUNTER_STAGE_INFLIGHT = "tasks in flight ({stage})"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.timeline.memory).
-#: Under a worker's thread: heap of the task running there (level 2, memray's
+#: Under a worker's track: heap of the task running there (level 2, memray's
 #: 10 ms snapshots; each task's heap counts from its start, so it is 0 between tasks).
 COUNTER_WORKER_HEAP = "heap"
-#: Under a worker's thread: the worker process's RSS (level 1: at each task's
+#: Under a worker's track: the worker process's RSS (level 1: at each task's
 #: start and end; level 2: also memray's 10 ms snapshots).
 COUNTER_WORKER_RSS = "RSS"
-#: Under a node's process: memory requested by the tasks running there.
+#: Under a node's track: memory requested by the tasks running there.
 COUNTER_NODE_MEMORY_REQUESTED = "memory requested"
-#: Under a node's process: actual peak memory (ARG_MEMORY_PEAK) of the tasks
+#: Under a node's track: actual peak memory (ARG_MEMORY_PEAK) of the tasks
 #: running there, summed: each task counts its peak from its start to its end.
 COUNTER_NODE_MEMORY_USED = "memory used (task peaks)"
 
@@ -104,6 +118,11 @@ STATE_SUBMITTED = "SUBMITTED_TO_WORKER"  # leased: pushed to the worker, which s
 STATE_RUNNING = "RUNNING"  # in the worker: arguments, the body, storing outputs
 STATE_FINISHED = "FINISHED"  # the owner (driver) has the reply: until the loop sees it
 STATE_FAILED = "FAILED"
+
+#: On a stage's track, nested in the stage's slice (category stage, args
+#: stage_id, task_id): the moment a task of the stage was created, where the
+#: arrow to the task's first execution starts.
+INSTANT_TASK_LAUNCHED = "task launched"
 
 # Instants on a worker or node (category execution).
 INSTANT_TASK_FAILED = "task failed"

@@ -9,13 +9,14 @@
 -- args named 'debug.<name>' (nested: 'debug.resource_request.memory_bytes').
 --
 -- What the PerfettoSQL standard library gives is used (checked with
--- trace_processor v58.2): slices.with_context's thread_slice for the worker
--- of an execution; intervals.intersect in worker_utilisation.sql. What the
--- analyses still write by hand, and why:
+-- trace_processor v58.2): intervals.intersect in worker_utilisation.sql.
+-- What the analyses still write by hand, and why:
+-- * the node and worker of an execution come from the track tree (a worker's
+--   track is under its node's, named 'Node ...'): they are plain tracks, not
+--   threads and processes, so slices.with_context's thread_slice has none;
 -- * tasks are joined to their executions by the task_id annotation, not by
---   the flow arrows between them (the flow operators): tracer writes a
---   stage's arrows when the stage ends, so a cut trace has none for the
---   stages still running;
+--   the flow arrows between them (the flow operators): an execution whose
+--   task's creation was not written (a cut, a retry) has no arrow;
 -- * percentiles are nearest-rank (the value at rank ceil(p * n / 100)), which
 --   the reader engine can match exactly; PERCENTILE() interpolates;
 -- * dispatch_loop.sql's own time of a phase is not slices.self_dur: it
@@ -34,8 +35,6 @@
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
 -- retry. memory_at_kill is set on a task Ray's OOM killer killed (the worker's
 -- memory use Ray reported; such a task has no execution slice).
-INCLUDE PERFETTO MODULE slices.with_context;
-
 DROP TABLE IF EXISTS tracer_task_latency;
 DROP TABLE IF EXISTS tracer_execution;
 DROP TABLE IF EXISTS tracer_task;
@@ -74,9 +73,9 @@ DROP TABLE tracer_dispatched;
 -- One row per task execution, measured inside the Ray worker (category
 -- 'execution', but not the 'task failed' / 'task cancelled' instants marking
 -- where a task stopped: trace_processor keeps instants as zero-length slices),
--- on a worker thread of a node process, or on a lane under the worker when
--- executions overlap: the stdlib's thread_slice has both, with their thread
--- and process names). memory_peak is the task's peak memory:
+-- on a worker's track under its node's track, or on a lane under the worker's
+-- track when executions overlap; node and worker are those tracks' names).
+-- memory_peak is the task's peak memory:
 -- memray's heap peak at level 2 (peak_source 'heap'), else the engine's own
 -- per-task USS peak of the worker where it measures one (peak_source 'uss':
 -- Ray Data), else the worker process's peak RSS while the task ran
@@ -99,11 +98,14 @@ SELECT
     ELSE 'rss'
   END AS peak_source,
   EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,
-  s.process_name AS node,
-  s.thread_name AS worker
-FROM thread_slice AS s
+  CASE WHEN p.name GLOB 'Node *' THEN p.name ELSE g.name END AS node,
+  CASE WHEN p.name GLOB 'Node *' THEN t.name ELSE p.name END AS worker
+FROM slice AS s
+JOIN track AS t ON t.id = s.track_id
+LEFT JOIN track AS p ON p.id = t.parent_id
+LEFT JOIN track AS g ON g.id = p.parent_id
 WHERE s.category = 'execution' AND s.name NOT IN ('task failed', 'task cancelled')
-  AND s.dur >= 0;
+  AND s.dur >= 0 AND (p.name GLOB 'Node *' OR g.name GLOB 'Node *');
 CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 
 -- One row per task attempt with its execution joined by the task_id

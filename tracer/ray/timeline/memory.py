@@ -10,9 +10,9 @@
   ``heap_peak``, ``allocations``, ``heap_retained``, ``rss_peak`` (and
   ``memray`` when memray did not measure the task alone);
 * queues samples for the worker's **heap** and **RSS** counters (under the
-  worker's thread track), written sorted by time at each :meth:`settle`;
+  worker's track), written sorted by time at each :meth:`settle`;
 * queues the step changes of the node's **memory requested** and **memory
-  used (task peaks)** counters (under the node's process track).
+  used (task peaks)** counters (under the node's track, on one y axis).
 
 Executions arrive late (when the runner receives tasks, drained once per
 wave), so node counters are written only for the settled past: at each
@@ -40,6 +40,7 @@ from typing import Any
 from tracer.format import CounterSequence, TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
+from tracer.ray.timeline.nodes import NODE_COUNTER_RANK, WORKER_COUNTER_RANK
 
 __all__ = ["MemoryTrace", "kib"]
 
@@ -145,14 +146,19 @@ class MemoryTrace:
             # a sequence needs no uuid in its packets (the heap is an extra value).
             tracks = [
                 w.counter_track(
-                    L.COUNTER_WORKER_RSS, parent=worker, unit="bytes", unit_multiplier=1024
+                    L.COUNTER_WORKER_RSS, parent=worker, unit="bytes", unit_multiplier=1024,
+                    rank=WORKER_COUNTER_RANK,
+                    description="The worker process's resident memory (RSS)",
                 )
             ]
             with_heap = self.level >= TracingLevel.MEMORY
             if with_heap:
                 tracks.append(
                     w.counter_track(
-                        L.COUNTER_WORKER_HEAP, parent=worker, unit="bytes", unit_multiplier=1024
+                        L.COUNTER_WORKER_HEAP, parent=worker, unit="bytes", unit_multiplier=1024,
+                        rank=WORKER_COUNTER_RANK + 1,
+                        description="Heap of the task running in the worker (memray); "
+                        "0 between tasks",
                     )
                 )
             counters = self._workers[worker] = _WorkerCounters(
@@ -192,11 +198,16 @@ class MemoryTrace:
             # "used" first: it changes at every step, "requested" not for unrequested tasks.
             tracks = [
                 w.counter_track(
-                    L.COUNTER_NODE_MEMORY_USED, parent=node, unit="bytes", unit_multiplier=1024
+                    L.COUNTER_NODE_MEMORY_USED, parent=node, unit="bytes", unit_multiplier=1024,
+                    rank=NODE_COUNTER_RANK + 1, y_axis_share_key=L.NODE_MEMORY_AXIS,
+                    description="Peak memory of the tasks running on the node, summed "
+                    "(same scale as the memory requested)",
                 ),
                 w.counter_track(
                     L.COUNTER_NODE_MEMORY_REQUESTED, parent=node, unit="bytes",
-                    unit_multiplier=1024,
+                    unit_multiplier=1024, rank=NODE_COUNTER_RANK,
+                    y_axis_share_key=L.NODE_MEMORY_AXIS,
+                    description="Memory requested (memory=) by the tasks running on the node",
                 ),
             ]
             counters = self._nodes[node] = _NodeCounters(

@@ -1,14 +1,18 @@
 """Nodes and their workers: where each execution ran.
 
-A Ray node is a process track ("Node 0 (b7ea05a7)") and each worker process
-on it a thread track ("worker 6550"), both created the first time an
-execution (or a failure) names them, numbered in that order. Their pids and
-tids are synthetic: real worker pids repeat across the machines of a
-cluster, and trace_processor keys threads by tid.
+A Ray node is a track ("Node 0 (b7ea05a7)") under the run's root, and each
+worker process on it a track under the node named by its real pid
+("worker 6550"); both are created the first time an execution (or a
+failure) names them, numbered and ordered in that order. They are plain
+tracks, not process and thread tracks: real worker pids repeat across the
+machines of a cluster, and the Perfetto UI appends a process's pid and a
+thread's tid to its name, which would show synthetic ids.
 
-Executions of one worker normally follow each other; a threaded actor runs
-several at once, and those go on lanes under the worker's track (same name:
-the UI merges them), so that slices never overlap on one track.
+A worker's track holds its executions; under it, in this order, the lanes
+of executions that overlap (a threaded actor runs several at once; same
+name: the UI merges them, so slices never overlap on one track), Ray's
+phases and the worker's memory counters (:mod:`.memory`). A node's memory
+counters come before its workers (:data:`NODE_COUNTER_RANK`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from tracer.ray import layout as L
 
 __all__ = ["Node", "Nodes", "Worker"]
 
-#: Node process pids: far above the driver's own (real) pid.
-NODE_PID_BASE = 2_000_000_000
-#: Linux pids (and the driver's own tids) are below 2**22: a worker's tid is its
-#: pid in its node's own block of that size, so tids stay below 2**32 (a larger
-#: one is truncated by trace_processor, which then shows a phantom thread).
-_PID_SPACE = 1 << 22
-_NODE_BLOCKS = (1 << 32) // _PID_SPACE - 1
+#: Ranks under a node: its memory counters first, then its workers in the
+#: order they were seen (from WORKER_RANK_BASE).
+NODE_COUNTER_RANK = 0
+WORKER_RANK_BASE = 10
+#: Ranks under a worker: the execution lanes, Ray's phases, then its counters.
+LANE_RANK = 0
+RAY_PHASES_RANK = 1
+WORKER_COUNTER_RANK = 2
 
 
 class Worker:
@@ -50,10 +55,15 @@ class Node:
 
 
 class Nodes:
-    """The run's nodes by Ray node id, and their workers by pid."""
+    """The run's nodes by Ray node id, and their workers by pid.
 
-    def __init__(self, writer: TraceWriter) -> None:
+    Nodes go under ``root`` (ordered explicitly), at ranks from ``first_rank``.
+    """
+
+    def __init__(self, writer: TraceWriter, root: Track | None = None, first_rank: int = 0) -> None:
         self.writer = writer
+        self.root = root
+        self.first_rank = first_rank
         self.by_id: dict[str, Node] = {}
 
     def node(self, node_id: str) -> Node:
@@ -61,9 +71,10 @@ class Nodes:
         if node is None:
             index = len(self.by_id)
             label = node_id[:8] if node_id else "unknown"
-            track = self.writer.process_track(
-                NODE_PID_BASE + index, f"{L.NODE_PROCESS_PREFIX} {index} ({label})",
-                rank=1 + index,
+            track = self.writer.track(
+                f"{L.NODE_PROCESS_PREFIX} {index} ({label})", parent=self.root,
+                rank=self.first_rank + index, child_ordering="explicit", merge=False,
+                description=f"Ray node {node_id or 'unknown'}: its memory, its worker processes",
             )
             node = self.by_id[node_id] = Node(index, node_id, track)
         return node
@@ -71,9 +82,11 @@ class Nodes:
     def worker(self, node: Node, pid: int) -> Worker:
         worker = node.workers.get(pid)
         if worker is None:
-            tid = (node.index % _NODE_BLOCKS + 1) * _PID_SPACE + pid % _PID_SPACE
-            track = self.writer.thread_track(
-                NODE_PID_BASE + node.index, tid, f"{L.WORKER_THREAD_PREFIX} {pid}"
+            track = self.writer.track(
+                f"{L.WORKER_THREAD_PREFIX} {pid}", parent=node.track,
+                rank=WORKER_RANK_BASE + len(node.workers), child_ordering="explicit",
+                merge=False,
+                description=f"Ray worker process {pid}: the executions it ran, its memory",
             )
             worker = node.workers[pid] = Worker(track, pid)
         return worker
@@ -97,7 +110,9 @@ class Nodes:
             if start >= lane_end:
                 worker.lanes[i] = (lane, end)
                 return lane
-        lane = self.writer.track(f"{L.WORKER_THREAD_PREFIX} {worker.pid}", parent=worker.track)
+        lane = self.writer.track(
+            f"{L.WORKER_THREAD_PREFIX} {worker.pid}", parent=worker.track, rank=LANE_RANK
+        )
         worker.lanes.append((lane, end))
         return lane
 
@@ -113,6 +128,6 @@ class Nodes:
             if start >= lane_end:
                 worker.ray_lanes[i] = (lane, end)
                 return lane
-        lane = self.writer.track(L.RAY_PHASES_TRACK, parent=worker.track)
+        lane = self.writer.track(L.RAY_PHASES_TRACK, parent=worker.track, rank=RAY_PHASES_RANK)
         worker.ray_lanes.append((lane, end))
         return lane

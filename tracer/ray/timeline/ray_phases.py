@@ -7,7 +7,7 @@ arguments, executing, storing the outputs). A producer
 :class:`RayTaskEvents` fact, named by Ray's task id and attempt; this module
 draws them where the run timeline drew that execution:
 
-* the phases on a ``Ray phases`` track under the worker's thread: a
+* the phases on a ``Ray phases`` track under the worker's track: a
   ``ray task <name>`` slice (Ray's whole handling of the task in the worker)
   with the phases nested in it. Not nested in the execution slice: Ray
   deserializes the arguments before the measured execution starts and stores

@@ -10,10 +10,11 @@ a task failed here; a stage is done. It knows nothing of Ray's API (no
 object refs, no errors to parse): what a fact means is the producer's
 business, how it is drawn is this module's.
 
-What it draws:
+What it draws, under one **Run** root track per run and in this order
+(the order a user reads it in the Perfetto UI, see :mod:`tracer.ray.layout`):
 
-* a **Scheduler** process with a **Dispatch loop** thread: an ``execution``
-  slice around the run, the loop's phases nested in it, instants, and
+* a **Scheduler** group with the **Dispatch loop**: an ``execution``
+  slice around the run, the loop's phases nested in it, instants; then
   counters of tasks in flight and the cluster's available CPUs, GPUs and
   memory (what the dispatched tasks asked for, subtracted from the totals;
   or, for an engine whose scheduler counts for itself, its own figures:
@@ -24,9 +25,14 @@ What it draws:
   ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
   merges) so that thousands of overlapping tasks never break nesting; a lane
   is reused only by a task created after the last one on it ended;
+* **Stages** with their arrows, from each task's launch (:mod:`.stages`);
 * **nodes and workers** with their executions and memory counters
-  (:mod:`.nodes`, :mod:`.memory`);
-* **Stages** with their arrows (:mod:`.stages`).
+  (:mod:`.nodes`, :mod:`.memory`).
+
+All are plain tracks: the UI appends a process's pid and a thread's tid to
+its name, and a node's or a worker's would be synthetic (worker pids repeat
+across machines). The loop's real pid and tid are args of its ``execution``
+slice.
 
 Timestamps are the writer's clock (``time.time_ns`` by default, which every
 node shares); late facts are written at their true time. Not thread-safe:
@@ -121,18 +127,45 @@ class RunTimeline:
         self.level = level
         pid = os.getpid() if loop_pid is None else loop_pid
         tid = threading.get_native_id() if loop_tid is None else loop_tid
-        self.scheduler = w.process_track(pid, f"{L.SCHEDULER_PROCESS} ({runner_name})", rank=0)
-        #: The dispatch loop's thread track: its phases, and marks that belong nowhere else.
-        self.loop = w.thread_track(pid, tid, L.DISPATCH_LOOP_THREAD)
-        self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self.scheduler)
-        self._avail_cpus = w.counter_track(L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler)
-        self._avail_gpus = w.counter_track(L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler)
-        self._avail_mem = w.counter_track(
-            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes"
+        #: The run's root track: everything below, in the order of tracer.ray.layout.
+        self.root = w.track(
+            f"{L.RUN_TRACK_PREFIX} {execution_id}", child_ordering="explicit", merge=False,
+            description=f"Run {execution_id} of {runner_name}: its dispatch loop, tasks, "
+            "stages and the nodes they ran on",
         )
-        self._tasks_root = w.track(L.TASKS_TRACK, rank=1)
-        self.stages = Stages(w, w.track(L.STAGES_TRACK, rank=2, child_ordering="explicit"))
-        self.nodes = Nodes(w)
+        self.scheduler = w.track(
+            f"{L.SCHEDULER_PROCESS} ({runner_name})", parent=self.root, rank=0,
+            child_ordering="explicit", merge=False,
+            description=f"The dispatch loop of {runner_name} (process {pid}, thread {tid}) "
+            "and what it holds",
+        )
+        #: The dispatch loop's track: its phases, and marks that belong nowhere else.
+        self.loop = w.track(
+            L.DISPATCH_LOOP_THREAD, parent=self.scheduler, rank=0, merge=False,
+            description="Waves of the loop: polling the plan, batching, dispatching, awaiting",
+        )
+        self.loop_pid, self.loop_tid = pid, tid
+        self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self.scheduler, rank=1)
+        self._avail_cpus = w.counter_track(
+            L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler, rank=2
+        )
+        self._avail_gpus = w.counter_track(
+            L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler, rank=3
+        )
+        self._avail_mem = w.counter_track(
+            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes", rank=4
+        )
+        self._tasks_root = w.track(
+            L.TASKS_TRACK, parent=self.root, rank=1, merge=False,
+            description="Each task from its creation to its receipt by the runner, "
+            "with its 'dispatched' part",
+        )
+        self.stages = Stages(w, w.track(
+            L.STAGES_TRACK, parent=self.root, rank=2, child_ordering="explicit", merge=False,
+            description="Each stage from its first task's creation to its last task's end; "
+            "arrows from each task's launch to its execution",
+        ))
+        self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
         self._ray = RayPhases(w, self.nodes)
         # Free lanes with the time they were released: a lane is reused only by a
@@ -159,7 +192,8 @@ class RunTimeline:
             self.loop,
             L.SLICE_EXECUTION,
             category=L.CAT_SCHEDULER,
-            args={"execution_id": execution_id, "runner": runner_name, "tracing_level": int(level)},
+            args={"execution_id": execution_id, "runner": runner_name, "tracing_level": int(level),
+                  "pid": pid, "tid": tid},
         )
         self.sample_resources()
 
@@ -270,8 +304,7 @@ class RunTimeline:
         stage.tasks += 1
         stage.outstanding += 1
         stage.requests.append(int(request.memory_bytes or 0))
-        flow = self.writer.new_flow_id()
-        stage.flows.append(flow)
+        flow = self.stages.launched(stage, task_id, ts)
         free = self._free_lanes
         lane = free.pop()[0] if free and free[-1][1] < ts else self._new_lane()
         task = cls(task_id, stage_id, lane, flow, request)

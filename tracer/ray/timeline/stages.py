@@ -1,11 +1,14 @@
-"""Stages of a run: a slice per stage on the Stages track, with an arrow to each execution.
+"""Stages of a run: a slice per stage on its track under Stages, with an arrow to each execution.
 
-A stage's slice spans its first task's creation to its last task's end, so
-it can only be written once the stage is done (or at the close): until then
-it collects its flow ids (one per task: the arrow to that task's first
-execution) and the memory its tasks asked for and used, summarised on the
-slice. A task created after its stage's slice was written opens a new slice
-for the stage on the same track.
+A stage's slice spans its first task's creation to its last task's end: it
+begins when its first task is created and ends once the stage is done (or
+at the close), with the memory its tasks asked for and used summarised on
+its END (trace_processor merges END args into the slice's). Each task's
+creation is a ``task launched`` instant nested in the slice, and the arrow
+to the task's first execution starts there, at the moment of the launch
+(an arrow from the stage slice itself would start at the slice's end). A
+task created after its stage's slice was ended opens a new slice for the
+stage on the same track.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ class Stage:
 
     __slots__ = (
         "first_ts",
-        "flows",
         "last_ts",
         "name",
         "outstanding",
@@ -44,7 +46,6 @@ class Stage:
         self.track = track
         self.first_ts = ts
         self.last_ts = ts
-        self.flows: list[int] = []
         self.outstanding = 0  # tasks created and not ended
         self.tasks = 0
         self.requests: list[int] = []
@@ -75,25 +76,35 @@ class Stages:
             stage = self.by_id[stage_id] = Stage(stage_id, name, track, ts)
         elif stage.written:  # a task after the stage was done: a slice of its own
             stage = self.by_id[stage_id] = Stage(stage_id, stage.name, stage.track, ts)
+        else:
+            return stage
+        self.writer.begin(
+            stage.track, stage.name, ts, category=L.CAT_STAGE,
+            args={L.ARG_STAGE_ID: stage.stage_id},
+        )
         return stage
 
+    def launched(self, stage: Stage, task_id: str, ts: int) -> int:
+        """A task of ``stage`` was created at ``ts``: its mark, and the id of its arrow."""
+        flow = self.writer.new_flow_id()
+        self.writer.instant(
+            stage.track, L.INSTANT_TASK_LAUNCHED, ts, category=L.CAT_STAGE,
+            args={L.ARG_STAGE_ID: stage.stage_id, L.ARG_TASK_ID: task_id}, flows=(flow,),
+        )
+        return flow
+
     def write(self, stage: Stage) -> None:
-        """The stage's slice with its memory summary and its arrows (once)."""
+        """The end of the stage's slice, with its memory summary (once)."""
         if stage.written:
             return
         stage.written = True
-        args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, "num_tasks": stage.tasks}
+        args: dict[str, Any] = {"num_tasks": stage.tasks}
         if stage.requests:
             args[L.ARG_MEMORY_REQUESTED] = summary(stage.requests)
         if stage.peaks:
             args[L.ARG_MEMORY_PEAK] = summary(stage.peaks)
             args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
-        self.writer.begin(
-            stage.track, stage.name, stage.first_ts, category=L.CAT_STAGE, args=args,
-            flows=stage.flows,
-        )
-        self.writer.end(stage.track, max(stage.last_ts, stage.first_ts))
-        stage.flows = []
+        self.writer.end(stage.track, max(stage.last_ts, stage.first_ts), args=args)
 
     def write_all(self) -> None:
         for stage in self.by_id.values():
