@@ -10,6 +10,7 @@ documented import rules (/work/shared/perfetto-format.md, section 2):
   annotations as ``debug.<name>``, dict entries ``debug.<name>.<key>`` and
   array items ``debug.<name>[i]``, and ``EXTRACT_ARG(arg_set_id, key)``;
 * ``thread_track(id, utid)``: thread tracks and the tracks under them;
+  ``track(id, name, parent_id)``: every track;
   ``thread(utid, tid, name, upid)``; ``process(upid, pid, name)``.
 
 It checks that the SQL is valid SQLite and computes what the reader engine
@@ -85,6 +86,7 @@ def connect(model: TraceModel) -> sqlite3.Connection:
         CREATE TABLE args (arg_set_id INT, key TEXT, int_value INT, string_value TEXT,
                            real_value REAL);
         CREATE TABLE thread_track (id INT, utid INT);
+        CREATE TABLE track (id INT, name TEXT, parent_id INT);
         CREATE TABLE thread (utid INT, tid INT, name TEXT, upid INT);
         CREATE TABLE process (upid INT, pid INT, name TEXT);
         """
@@ -135,6 +137,8 @@ def connect(model: TraceModel) -> sqlite3.Connection:
             db.execute("INSERT INTO thread VALUES (?, ?, ?, ?)",
                        (utid, track.tid, track.name, upid))
     for track in model.tracks.values():
+        db.execute("INSERT INTO track VALUES (?, ?, ?)",
+                   (track.uuid, track.name, track.parent_uuid))
         if track.kind == "counter":
             continue
         current, seen = track, set()
