@@ -8,8 +8,9 @@ instant, and a last wave and execution slice that never end (as in a trace
 cut while written). And Ray's own events where tracer.ray draws them (a
 'Ray states' track under a lane, a 'Ray phases' track under a worker) for
 some tasks only, one of them with a Ray span that starts before its dispatch
-(another node's clock) and no 'deserialize arguments' phase. All times are ns after BASE; the expected values of every
-analysis are in test_query_analyses.py.
+(another node's clock) and no 'deserialize arguments' phase. All times are
+ns after BASE; the expected values of every analysis are in
+test_query_analyses.py.
 """
 
 from __future__ import annotations
