@@ -19,10 +19,11 @@ interleaved and rotated in every repetition (medians, min and max):
   slices only): the floor of a level 1 whose executions would come from
   Ray's events instead (``1-plain`` + (``1`` - ``1-noev``) estimates it).
 
-Per variant: wall time, and CPU per task in the driver and across all
-processes (the machine's busy time from /proc/stat, less what the
-``--busy`` load processes used), which the shared machine's noise moves
-much less than wall time.
+Per variant: wall time, and CPU per task in the driver, in the driver and
+every process under it (Ray's GCS, raylet and workers: the run's CPU across
+all its processes, which other users of a shared machine do not move), and
+on the whole machine (/proc/stat, less what the ``--busy`` load processes
+used; on a shared machine it has other users' work in it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,36 +42,11 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import _machine_busy_s, noop
+from bench_runner import _machine_busy_s, busy_load, noop, proc_cpu_s, tree_cpu_s
 
 from tracer.runner import Pipeline, Stage
 
 VARIANTS = ("0", "1", "1-noev", "1-plain")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of one process, from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-@contextlib.contextmanager
-def busy_load(n: int) -> Iterator[list[int]]:
-    """``n`` processes spinning on the CPU (the cores kept busy by other work)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)
-    ]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @contextlib.contextmanager
@@ -102,22 +77,27 @@ def variant(name: str) -> Iterator[int]:
             wrappers._traced_call = undo
 
 
-def run_once(name: str, tasks: int, path: Path, load: list[int]) -> tuple[float, float, float]:
-    """Wall seconds, driver CPU seconds and all-process CPU seconds (less the load's)."""
+def run_once(
+    name: str, tasks: int, path: Path, load: list[int]
+) -> tuple[float, float, float, float]:
+    """Wall seconds; CPU seconds of the driver, of the driver and Ray's processes under it,
+    and of the machine less the load's."""
     path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
     with variant(name) as level:
         t = os.times()
         driver0 = t.user + t.system
-        all0 = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load)
+        tree0 = tree_cpu_s()
+        all0 = _machine_busy_s() - sum(proc_cpu_s(p) for p in load)
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
         wall = time.perf_counter() - start
         t = os.times()
         driver = t.user + t.system - driver0
-        every = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load) - all0
+        tree = tree_cpu_s() - tree0
+        every = _machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
-    return wall, driver, every
+    return wall, driver, tree, every
 
 
 def main() -> int:
@@ -140,6 +120,7 @@ def main() -> int:
     )
     walls: dict[str, list[float]] = defaultdict(list)
     drivers: dict[str, list[float]] = defaultdict(list)
+    trees: dict[str, list[float]] = defaultdict(list)
     alls: dict[str, list[float]] = defaultdict(list)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
@@ -150,10 +131,12 @@ def main() -> int:
             for rep in range(args.repeats):
                 order = names[rep % len(names):] + names[: rep % len(names)]
                 for name in order:
-                    wall, driver, every = run_once(name, n, folder / f"{name}.perfetto-trace",
-                                                   load)
+                    wall, driver, tree, every = run_once(
+                        name, n, folder / f"{name}.perfetto-trace", load
+                    )
                     walls[name].append(wall)
                     drivers[name].append(driver)
+                    trees[name].append(tree)
                     alls[name].append(every)
                     print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
     finally:
@@ -164,17 +147,21 @@ def main() -> int:
         return f"{med:6.0f} [{min(values) / n * 1e6:5.0f}-{max(values) / n * 1e6:5.0f}]"
 
     base_wall = statistics.median(walls["0"])
+    base_tree = statistics.median(trees["0"])
     base_all = statistics.median(alls["0"])
     print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)")
     print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
-          f"{'driver CPU us/task':>22} {'all CPU us/task':>22} {'all vs 0':>9}")
+          f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
+          f"{'machine CPU us/task':>22} {'vs 0':>7}")
     for name in names:
         med = statistics.median(walls[name])
+        tree_med = statistics.median(trees[name])
         all_med = statistics.median(alls[name])
         print(
             f"  {name:<8} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
             f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
-            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+8.1f}%"
+            f"{per_task_us(trees[name]):>23} {(tree_med / base_tree - 1) * 100:+6.1f}% "
+            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}%"
         )
     return 0
 

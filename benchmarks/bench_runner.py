@@ -29,15 +29,17 @@ It prints PASS/FAIL per target and exits 1 when one fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import timeit
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +81,73 @@ def _stage() -> Stage:
 
 
 #: CPU seconds of one run, by where they were spent (see cpu_now).
-CPU_KINDS = ("driver main thread", "driver process", "all processes")
+CPU_KINDS = ("driver main thread", "driver process", "driver + Ray", "all processes")
+_TICK = os.sysconf("SC_CLK_TCK")
+#: The --busy load's processes, whose CPU is not the run's.
+_LOAD_PIDS: list[int] = []
+
+
+def _proc_stat(pid: int | str) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and its reaped children) from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK
+    except (ValueError, IndexError):
+        return None
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of one process."""
+    stat = _proc_stat(pid)
+    return 0.0 if stat is None else stat[1]
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds of ``root`` (this process) and every process under it.
+
+    A local ``ray.init`` starts the GCS and the raylet as the driver's
+    children and the raylet starts the workers: this is the run's CPU across
+    all of its processes, without what other users of a shared machine spend
+    (the machine's total, ``all processes``, has it). Workers are kept alive
+    by the benchmark, so none exits with its CPU uncounted.
+    """
+    root = os.getpid() if root is None else root
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(entry)
+            if stat is not None:
+                stats[int(entry)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(p for p in children.get(pid, ()) if p not in _LOAD_PIDS)
+    return total
+
+
+@contextlib.contextmanager
+def busy_load(n: int) -> Iterator[list[int]]:
+    """``n`` processes spinning on the CPU (the cores kept busy by other work)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)
+    ]
+    _LOAD_PIDS[:] = [p.pid for p in procs]
+    try:
+        yield list(_LOAD_PIDS)
+    finally:
+        _LOAD_PIDS.clear()
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def _machine_busy_s() -> float:
@@ -93,14 +161,16 @@ def _machine_busy_s() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_now() -> tuple[float, float, float]:
-    """CPU seconds so far: this thread (the dispatch loop's), this process, the machine.
+def cpu_now() -> tuple[float, float, float, float]:
+    """CPU seconds so far: this thread (the dispatch loop's), this process, this
+    process and Ray's under it, the machine (less the --busy load's).
 
     Wall time on a small machine is noisy and follows the CPU of every
     process; these say where level 1's extra time is spent.
     """
     t = os.times()
-    return time.thread_time(), t.user + t.system, _machine_busy_s()
+    machine = _machine_busy_s() - sum(proc_cpu_s(p) for p in _LOAD_PIDS)
+    return time.thread_time(), t.user + t.system, tree_cpu_s(), machine
 
 
 def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tuple[float, ...]]:
@@ -412,6 +482,10 @@ def main() -> int:
         help="let Ray kill idle workers (its default): noisier runs, see main()",
     )
     parser.add_argument(
+        "--busy", type=int, default=0,
+        help="keep the cores busy: this many processes spinning during the level runs",
+    )
+    parser.add_argument(
         "--no-profile", action="store_true",
         help="skip the timed run that splits level 1's extra time by tracer method",
     )
@@ -477,11 +551,13 @@ def main() -> int:
             what = f"{args.task_ms:g} ms tasks" if args.task_ms else "no-op tasks"
             print(
                 f"\npipeline: {n} {what} in one stage, levels {levels}, "
-                f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs"
+                f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs, "
+                f"busy load: {args.busy} spinning process(es)"
             )
-            times, sizes, cpus = bench_levels(
-                levels, n, args.repeats, args.level2_repeats, folder
-            )
+            with busy_load(args.busy):
+                times, sizes, cpus = bench_levels(
+                    levels, n, args.repeats, args.level2_repeats, folder
+                )
             base = statistics.median(times[0])
             print(
                 f"\n  {'level':<6} {'median':>9} {'min':>9} {'max':>9} {'ratio':>7} "
