@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,24 +102,61 @@ def run_once(
     return wall, driver, tree, every
 
 
+def _init_ray() -> None:
+    ray.init(
+        num_cpus=os.cpu_count() or 2, object_store_memory=200 * 1024 * 1024,
+        include_dashboard=False, log_to_driver=False,
+        _system_config={"idle_worker_killing_time_threshold_ms": 10**9},
+    )
+
+
+def child(name: str, tasks: int, load: list[int]) -> int:
+    """--fresh: one warm-up and one measured run in this process's own Ray; prints JSON."""
+    _init_ray()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp:
+            folder = Path(tmp)
+            run_once(name, min(tasks, 200), folder / "warmup.perfetto-trace", load)
+            print(json.dumps(run_once(name, tasks, folder / "run.perfetto-trace", load)))
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def run_child(name: str, tasks: int, load: list[int]) -> tuple[float, float, float, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, "--tasks", str(tasks),
+         "--load-pids", ",".join(map(str, load))],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    wall, driver, tree, every = json.loads(out.strip().splitlines()[-1])
+    return wall, driver, tree, every
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="each run in a new process with its own Ray (its own job: Ray's events of "
+        "earlier runs are not in what level 1 reads)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--load-pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child is not None:
+        return child(args.child, args.tasks, [int(p) for p in args.load_pids.split(",") if p])
     names = args.variants.split(",")
     if names[0] != "0" or any(n not in VARIANTS for n in names):
         parser.error(f"--variants: from {VARIANTS}, starting with 0")
     os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     n = args.tasks
-    ray.init(
-        num_cpus=os.cpu_count() or 2, object_store_memory=200 * 1024 * 1024,
-        include_dashboard=False, log_to_driver=False,
-        _system_config={"idle_worker_killing_time_threshold_ms": 10**9},
-    )
+    if not args.fresh:
+        _init_ray()
     walls: dict[str, list[float]] = defaultdict(list)
     drivers: dict[str, list[float]] = defaultdict(list)
     trees: dict[str, list[float]] = defaultdict(list)
@@ -126,21 +165,25 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
                 busy_load(args.busy) as load:
             folder = Path(tmp)
-            for name in names:  # warm-up
+            for name in [] if args.fresh else names:  # warm-up
                 run_once(name, min(n, 200), folder / "warmup.perfetto-trace", load)
             for rep in range(args.repeats):
                 order = names[rep % len(names):] + names[: rep % len(names)]
                 for name in order:
-                    wall, driver, tree, every = run_once(
-                        name, n, folder / f"{name}.perfetto-trace", load
-                    )
+                    if args.fresh:
+                        wall, driver, tree, every = run_child(name, n, load)
+                    else:
+                        wall, driver, tree, every = run_once(
+                            name, n, folder / f"{name}.perfetto-trace", load
+                        )
                     walls[name].append(wall)
                     drivers[name].append(driver)
                     trees[name].append(tree)
                     alls[name].append(every)
                     print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
 
     def per_task_us(values: list[float]) -> str:
         med = statistics.median(values) / n * 1e6
@@ -149,7 +192,8 @@ def main() -> int:
     base_wall = statistics.median(walls["0"])
     base_tree = statistics.median(trees["0"])
     base_all = statistics.median(alls["0"])
-    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)")
+    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)"
+          + (", each run in a fresh process" if args.fresh else ""))
     print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
           f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
           f"{'machine CPU us/task':>22} {'vs 0':>7}")
