@@ -13,6 +13,20 @@ for, until the close).
 
 Every wait has a timeout: measurements that do not come are recorded as
 lost, never waited for by the run.
+
+Why level 1 keeps this channel rather than taking each execution's node,
+worker, start and end from Ray's own task events (issue 21, measured in
+benchmarks/bench_level1.py, numbers in benchmarks/README.md): the channel
+costs ~40-190 µs of CPU per task across all processes, while reading Ray's
+events costs far more (the GCS's ``GetTaskEvents`` answers with the whole
+job's events, so each read grows with the job's history; ~0.9 ms of driver
+CPU per task and as much again in Ray's processes in a long-lived driver),
+they arrive a second or more late (an execution could only be drawn then,
+and the close waits for them), Ray drops them past its caps, and they carry
+no memory figures: level 2's memray peaks, the RSS peak and failed attempts'
+measurements would need this channel anyway. Ray's events are drawn next to
+the channel's executions instead (tracer.ray.events_channel), never instead
+of them.
 """
 
 from __future__ import annotations
