@@ -17,10 +17,13 @@ lost, never waited for by the run.
 Why level 1 keeps this channel rather than taking each execution's node,
 worker, start and end from Ray's own task events (issue 21, measured in
 benchmarks/bench_level1.py, numbers in benchmarks/README.md): the channel
-costs ~40-190 µs of CPU per task across all processes, while reading Ray's
-events costs far more (the GCS's ``GetTaskEvents`` answers with the whole
-job's events, so each read grows with the job's history; ~0.9 ms of driver
-CPU per task and as much again in Ray's processes in a long-lived driver),
+costs ~115-185 µs of CPU per task across all processes (+4-7% of an
+untraced no-op task's), while reading Ray's events costs more (~235 µs per
+task in a fresh job; the GCS's ``GetTaskEvents`` answers with the whole
+job's events, so each read grows with the job's history: ~1.5 ms per task
+across processes in a driver that ran many pipelines). Dropping the channel
+where the events are read anyway would save ~4%, not clearly a win, since
+Ray's events are also sometimes missing (an execution would then be lost),
 they arrive a second or more late (an execution could only be drawn then,
 and the close waits for them), Ray drops them past its caps, and they carry
 no memory figures: level 2's memray peaks, the RSS peak and failed attempts'
