@@ -44,7 +44,8 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import _machine_busy_s, busy_load, noop, proc_cpu_s, tree_cpu_s
+from bench_runner import noop
+from cpu_meter import busy_load, machine_busy_s, proc_cpu_s, tree_cpu_s
 
 from tracer.runner import Pipeline, Stage
 
@@ -90,14 +91,14 @@ def run_once(
         t = os.times()
         driver0 = t.user + t.system
         tree0 = tree_cpu_s()
-        all0 = _machine_busy_s() - sum(proc_cpu_s(p) for p in load)
+        all0 = machine_busy_s() - sum(proc_cpu_s(p) for p in load)
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
         wall = time.perf_counter() - start
         t = os.times()
         driver = t.user + t.system - driver0
         tree = tree_cpu_s() - tree0
-        every = _machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
+        every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
     return wall, driver, tree, every
 

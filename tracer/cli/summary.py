@@ -32,7 +32,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Summarise a traced run: per stage (tasks, wall time, task duration "
             "p50/p95/max, memory requested vs peak), where task latency goes (waiting in "
-            "the runner, Ray scheduling, running, result pickup), where the dispatch loop's "
+            "the runner, Ray scheduling, running, result pickup; inside scheduling and pickup, "
+            "Ray's parts when the trace has Ray's events), where the dispatch loop's "
             "time goes, and how busy each worker was. Durations are wall-clock."
         ),
     )
