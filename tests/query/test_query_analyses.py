@@ -17,7 +17,7 @@ from synthetic_trace import BASE, NODE
 
 from tracer.errors import TraceReadError
 from tracer.query import SCHEMAS, QueryConfig, TraceQuery, records
-from tracer.query.from_model import nearest_rank
+from tracer.stats import nearest_rank
 
 MS = 1_000_000
 READER = QueryConfig(engine="reader")
@@ -40,6 +40,8 @@ def test_nearest_rank() -> None:
     assert nearest_rank(range(1, 101), 95) == 95
     assert nearest_rank(range(1, 101), 50) == 50
     assert nearest_rank([10, 20], 50) == 10
+    with pytest.raises(ValueError, match="percentile"):
+        nearest_rank([1], 0)
 
 
 def test_config_rejects_an_unknown_engine() -> None:

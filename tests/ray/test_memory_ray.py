@@ -10,7 +10,6 @@ stages must be flagged, and the counters and sizes must hold.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from tracer.ray import collect_ray_task_metrics
 from tracer.ray import layout as L
 from tracer.ray.timeline.memory import TIME_UNIT_NS
 from tracer.runner import Pipeline, Stage
+from tracer.stats import nearest_rank
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -162,10 +162,10 @@ def test_stage_summaries(rt: RunnerTrace) -> None:
         (stage,) = rt.on(track)
         peaks = sorted(e.args[L.ARG_MEMORY_PEAK] for e in _executions(rt, stage.name or ""))
         assert stage.args[L.ARG_MEMORY_PEAK] == {
-            "min": peaks[0], "median": int(statistics.median(peaks)), "max": peaks[-1]
+            "min": peaks[0], "p50": nearest_rank(peaks, 50), "max": peaks[-1]
         }
         request = next(s.memory_bytes or 0 for s in STAGES if s.name == stage.name)
-        summary = dict.fromkeys(("min", "median", "max"), request)
+        summary = dict.fromkeys(("min", "p50", "max"), request)
         assert stage.args[L.ARG_MEMORY_REQUESTED] == summary
         over = PARTITIONS if stage.name in ("inflate", "batched map") else 0
         assert stage.args[L.ARG_TASKS_OVER_REQUEST] == over

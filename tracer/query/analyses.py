@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 from tracer.query.collect import PHASES, TraceRows
+from tracer.stats import nearest_rank
 
 __all__ = [
     "GAPS_BETWEEN_WAVES",
@@ -91,14 +92,6 @@ Latency = list[tuple[Any, ...]]
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def nearest_rank(values: Iterable[int], p: int) -> int | None:
-    """The nearest-rank ``p``-th percentile: the value at rank ceil(p * n / 100)."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[(p * len(ordered) + 99) // 100 - 1]
 
 
 def _sub(a: int | None, b: int | None) -> int | None:

@@ -181,5 +181,5 @@ ARG_MEMRAY = "memray"
 ARG_MEMRAY_REASON = "memray_reason"
 #: On a task killed by Ray's OOM killer: the worker's memory use Ray reported.
 ARG_MEMORY_AT_KILL = "memory_used_at_kill"
-#: On stage slices, with memory_requested / memory_peak as {min, median, max}.
+#: On stage slices, with memory_requested / memory_peak as {min, p50, max}.
 ARG_TASKS_OVER_REQUEST = "tasks_over_request"

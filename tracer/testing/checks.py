@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracer.sizes import format_size, parse_size
+from tracer.stats import nearest_rank
 from tracer.testing.errors import MemoryBudgetError, TracedMemoryError
 
 if TYPE_CHECKING:
@@ -67,9 +68,10 @@ def parse_factor(factor: Any) -> float:
 
 def stat_of(values: Sequence[int], percentile: int) -> int:
     """The nearest-rank percentile of ``values`` (100: the max), as tracer's analyses take it."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(percentile * len(ordered) / 100))
-    return ordered[rank - 1]
+    value = nearest_rank(values, percentile)
+    if value is None:
+        raise ValueError("no values to take a percentile of")
+    return value
 
 
 def stage_values(run: TracedRun, stage: str) -> list[int]:

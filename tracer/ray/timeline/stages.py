@@ -10,12 +10,12 @@ for the stage on the same track.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from typing import Any
 
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
+from tracer.stats import nearest_rank
 
 __all__ = ["Stage", "Stages"]
 
@@ -101,6 +101,7 @@ class Stages:
 
 
 def summary(values: Iterable[int]) -> dict[str, int]:
-    """min, median and max of a stage's per-task values."""
+    """min, p50 (nearest rank, as ``tracer summary`` takes it) and max of a stage's
+    per-task values."""
     vals = sorted(values)
-    return {"min": vals[0], "median": int(statistics.median(vals)), "max": vals[-1]}
+    return {"min": vals[0], "p50": nearest_rank(vals, 50) or 0, "max": vals[-1]}
