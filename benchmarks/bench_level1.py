@@ -19,16 +19,18 @@ interleaved and rotated in every repetition (medians, min and max):
   slices only): the floor of a level 1 whose executions would come from
   Ray's events instead (``1-plain`` + (``1`` - ``1-noev``) estimates it).
 
-Per variant: wall time, and CPU per task in the driver and across all
-processes (the machine's busy time from /proc/stat, less what the
-``--busy`` load processes used), which the shared machine's noise moves
-much less than wall time.
+Per variant: wall time, and CPU per task in the driver, in the driver and
+every process under it (Ray's GCS, raylet and workers: the run's CPU across
+all its processes, which other users of a shared machine do not move), and
+on the whole machine (/proc/stat, less what the ``--busy`` load processes
+used; on a shared machine it has other users' work in it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -42,36 +44,12 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import _machine_busy_s, noop
+from bench_runner import noop
+from cpu_meter import busy_load, machine_busy_s, proc_cpu_s, tree_cpu_s
 
 from tracer.runner import Pipeline, Stage
 
 VARIANTS = ("0", "1", "1-noev", "1-plain")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of one process, from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-@contextlib.contextmanager
-def busy_load(n: int) -> Iterator[list[int]]:
-    """``n`` processes spinning on the CPU (the cores kept busy by other work)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)
-    ]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @contextlib.contextmanager
@@ -102,22 +80,58 @@ def variant(name: str) -> Iterator[int]:
             wrappers._traced_call = undo
 
 
-def run_once(name: str, tasks: int, path: Path, load: list[int]) -> tuple[float, float, float]:
-    """Wall seconds, driver CPU seconds and all-process CPU seconds (less the load's)."""
+def run_once(
+    name: str, tasks: int, path: Path, load: list[int]
+) -> tuple[float, float, float, float]:
+    """Wall seconds; CPU seconds of the driver, of the driver and Ray's processes under it,
+    and of the machine less the load's."""
     path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
     with variant(name) as level:
         t = os.times()
         driver0 = t.user + t.system
-        all0 = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load)
+        tree0 = tree_cpu_s()
+        all0 = machine_busy_s() - sum(proc_cpu_s(p) for p in load)
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
         wall = time.perf_counter() - start
         t = os.times()
         driver = t.user + t.system - driver0
-        every = _machine_busy_s() - sum(_proc_cpu_s(p) for p in load) - all0
+        tree = tree_cpu_s() - tree0
+        every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
-    return wall, driver, every
+    return wall, driver, tree, every
+
+
+def _init_ray() -> None:
+    ray.init(
+        num_cpus=os.cpu_count() or 2, object_store_memory=200 * 1024 * 1024,
+        include_dashboard=False, log_to_driver=False,
+        _system_config={"idle_worker_killing_time_threshold_ms": 10**9},
+    )
+
+
+def child(name: str, tasks: int, load: list[int]) -> int:
+    """--fresh: one warm-up and one measured run in this process's own Ray; prints JSON."""
+    _init_ray()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp:
+            folder = Path(tmp)
+            run_once(name, min(tasks, 200), folder / "warmup.perfetto-trace", load)
+            print(json.dumps(run_once(name, tasks, folder / "run.perfetto-trace", load)))
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def run_child(name: str, tasks: int, load: list[int]) -> tuple[float, float, float, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, "--tasks", str(tasks),
+         "--load-pids", ",".join(map(str, load))],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    wall, driver, tree, every = json.loads(out.strip().splitlines()[-1])
+    return wall, driver, tree, every
 
 
 def main() -> int:
@@ -126,55 +140,73 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="each run in a new process with its own Ray (its own job: Ray's events of "
+        "earlier runs are not in what level 1 reads)",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--load-pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child is not None:
+        return child(args.child, args.tasks, [int(p) for p in args.load_pids.split(",") if p])
     names = args.variants.split(",")
     if names[0] != "0" or any(n not in VARIANTS for n in names):
         parser.error(f"--variants: from {VARIANTS}, starting with 0")
     os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     n = args.tasks
-    ray.init(
-        num_cpus=os.cpu_count() or 2, object_store_memory=200 * 1024 * 1024,
-        include_dashboard=False, log_to_driver=False,
-        _system_config={"idle_worker_killing_time_threshold_ms": 10**9},
-    )
+    if not args.fresh:
+        _init_ray()
     walls: dict[str, list[float]] = defaultdict(list)
     drivers: dict[str, list[float]] = defaultdict(list)
+    trees: dict[str, list[float]] = defaultdict(list)
     alls: dict[str, list[float]] = defaultdict(list)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
                 busy_load(args.busy) as load:
             folder = Path(tmp)
-            for name in names:  # warm-up
+            for name in [] if args.fresh else names:  # warm-up
                 run_once(name, min(n, 200), folder / "warmup.perfetto-trace", load)
             for rep in range(args.repeats):
                 order = names[rep % len(names):] + names[: rep % len(names)]
                 for name in order:
-                    wall, driver, every = run_once(name, n, folder / f"{name}.perfetto-trace",
-                                                   load)
+                    if args.fresh:
+                        wall, driver, tree, every = run_child(name, n, load)
+                    else:
+                        wall, driver, tree, every = run_once(
+                            name, n, folder / f"{name}.perfetto-trace", load
+                        )
                     walls[name].append(wall)
                     drivers[name].append(driver)
+                    trees[name].append(tree)
                     alls[name].append(every)
                     print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
 
     def per_task_us(values: list[float]) -> str:
         med = statistics.median(values) / n * 1e6
         return f"{med:6.0f} [{min(values) / n * 1e6:5.0f}-{max(values) / n * 1e6:5.0f}]"
 
     base_wall = statistics.median(walls["0"])
+    base_tree = statistics.median(trees["0"])
     base_all = statistics.median(alls["0"])
-    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)")
+    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)"
+          + (", each run in a fresh process" if args.fresh else ""))
     print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
-          f"{'driver CPU us/task':>22} {'all CPU us/task':>22} {'all vs 0':>9}")
+          f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
+          f"{'machine CPU us/task':>22} {'vs 0':>7}")
     for name in names:
         med = statistics.median(walls[name])
+        tree_med = statistics.median(trees[name])
         all_med = statistics.median(alls[name])
         print(
             f"  {name:<8} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
             f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
-            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+8.1f}%"
+            f"{per_task_us(trees[name]):>23} {(tree_med / base_tree - 1) * 100:+6.1f}% "
+            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}%"
         )
     return 0
 

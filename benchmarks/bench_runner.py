@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from cpu_meter import busy_load, load_pids, machine_busy_s, proc_cpu_s, tree_cpu_s
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.format import TraceWriter
@@ -79,28 +80,18 @@ def _stage() -> Stage:
 
 
 #: CPU seconds of one run, by where they were spent (see cpu_now).
-CPU_KINDS = ("driver main thread", "driver process", "all processes")
+CPU_KINDS = ("driver main thread", "driver process", "driver + Ray", "all processes")
 
-
-def _machine_busy_s() -> float:
-    """CPU seconds all processes spent so far (Linux /proc/stat; nan elsewhere)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return float("nan")
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_now() -> tuple[float, float, float]:
-    """CPU seconds so far: this thread (the dispatch loop's), this process, the machine.
+def cpu_now() -> tuple[float, float, float, float]:
+    """CPU seconds so far: this thread (the dispatch loop's), this process, this
+    process and Ray's under it, the machine (less the --busy load's).
 
     Wall time on a small machine is noisy and follows the CPU of every
     process; these say where level 1's extra time is spent.
     """
     t = os.times()
-    return time.thread_time(), t.user + t.system, _machine_busy_s()
+    machine = machine_busy_s() - sum(proc_cpu_s(p) for p in load_pids())
+    return time.thread_time(), t.user + t.system, tree_cpu_s(), machine
 
 
 def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tuple[float, ...]]:
@@ -412,6 +403,10 @@ def main() -> int:
         help="let Ray kill idle workers (its default): noisier runs, see main()",
     )
     parser.add_argument(
+        "--busy", type=int, default=0,
+        help="keep the cores busy: this many processes spinning during the level runs",
+    )
+    parser.add_argument(
         "--no-profile", action="store_true",
         help="skip the timed run that splits level 1's extra time by tracer method",
     )
@@ -477,11 +472,13 @@ def main() -> int:
             what = f"{args.task_ms:g} ms tasks" if args.task_ms else "no-op tasks"
             print(
                 f"\npipeline: {n} {what} in one stage, levels {levels}, "
-                f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs"
+                f"{args.repeats} repeats (level 2: {args.level2_repeats}), {args.num_cpus} CPUs, "
+                f"busy load: {args.busy} spinning process(es)"
             )
-            times, sizes, cpus = bench_levels(
-                levels, n, args.repeats, args.level2_repeats, folder
-            )
+            with busy_load(args.busy):
+                times, sizes, cpus = bench_levels(
+                    levels, n, args.repeats, args.level2_repeats, folder
+                )
             base = statistics.median(times[0])
             print(
                 f"\n  {'level':<6} {'median':>9} {'min':>9} {'max':>9} {'ratio':>7} "

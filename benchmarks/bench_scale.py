@@ -203,6 +203,13 @@ def check_trace(path: Path, tasks: int) -> bool:
     executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
     open_slices = [s for s in model.slices if s.dur is None]
     ids = {s.args.get(L.ARG_TASK_ID) for s in task_slices}
+    # Ray's phases (issue 21's target: present for >= 99% of the tasks).
+    with_phases = {
+        s.args.get(L.ARG_TASK_ID) for s in model.slices
+        if s.category == L.CAT_RAY and s.name is not None
+        and s.name.startswith(L.RAY_TASK_PREFIX) and s.dur is not None
+    }
+    phases_share = len(with_phases & ids) / max(len(ids), 1)
     ok = (
         len(task_slices) == tasks and len(ids) == tasks and len(executions) == tasks
         and not model.problems and not open_slices and not model.truncated
@@ -211,6 +218,8 @@ def check_trace(path: Path, tasks: int) -> bool:
           f"{len(task_slices)} task slices ({len(ids)} ids), {len(executions)} executions, "
           f"{len(model.flows)} flows, {len(open_slices)} open slices, "
           f"{len(model.problems)} problems -> {'complete' if ok else 'INCOMPLETE'}")
+    print(f"Ray's phases for {len(with_phases & ids)} of {len(ids)} tasks "
+          f"({phases_share:.2%}; target >= 99%: {'PASS' if phases_share >= 0.99 else 'FAIL'})")
     for problem in model.problems[:5]:
         print("  ", problem)
     return ok

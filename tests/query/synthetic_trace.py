@@ -5,8 +5,12 @@ the first superseded), a task killed by Ray's OOM killer (no execution), a
 task left unfinished, overlapping executions on a lane under a worker, an
 execution no task claims, a phase outside waves, a no-op task, a "task failed"
 instant, and a last wave and execution slice that never end (as in a trace
-cut while written). All times are ns after BASE; the expected values of every
-analysis are in test_query_analyses.py.
+cut while written). And Ray's own events where tracer.ray draws them (a
+'Ray states' track under a lane, a 'Ray phases' track under a worker) for
+some tasks only, one of them with a Ray span that starts before its dispatch
+(another node's clock) and no 'deserialize arguments' phase. All times are
+ns after BASE; the expected values of every analysis are in
+test_query_analyses.py.
 """
 
 from __future__ import annotations
@@ -96,6 +100,42 @@ def write(path: Path) -> Path:
         span(w11, "task", 1000, 1200, ex, {L.ARG_TASK_ID: "zzz"})
         at(800, lambda: w.instant(w11, L.INSTANT_TASK_FAILED, BASE + 800, category=ex,
                                   args={L.ARG_TASK_ID: "b-0"}))
+
+        # Ray's events (README, "Ray's own events").
+        def states(track: Any, head: dict[str, Any], *points: tuple[str, int], end: int
+                   ) -> None:
+            bounds = [ts for _, ts in points] + [end]
+            for i, (name, ts) in enumerate(points):
+                span(track, name, ts, bounds[i + 1], sch, head if i == 0 else None)
+
+        states(w.track(L.RAY_STATES_TRACK, parent=lanes[0]), {L.ARG_TASK_ID: "a-0"},
+               (L.STATE_PENDING_NODE, 72), (L.STATE_SUBMITTED, 100),
+               (L.STATE_RUNNING, 120), (L.STATE_FINISHED, 380), end=450)
+        # Both attempts of a-1 on one track (its lane's), each headed by its attempt.
+        lane1_states = w.track(L.RAY_STATES_TRACK, parent=lanes[1])
+        states(lane1_states, {L.ARG_TASK_ID: "a-1"}, (L.STATE_SUBMITTED, 90),
+               (L.STATE_RUNNING, 110), end=300)
+        states(lane1_states, {L.ARG_TASK_ID: "a-1", L.ARG_ATTEMPT: 1},
+               (L.STATE_SUBMITTED, 330), (L.STATE_RUNNING, 340), (L.STATE_FINISHED, 690),
+               end=700)
+        # States of a task the trace does not have: ignored, not given to the task before.
+        states(w.track(L.RAY_STATES_TRACK, parent=lanes[2]), {L.ARG_TASK_ID: "nope"},
+               (L.STATE_SUBMITTED, 540), (L.STATE_FINISHED, 560), end=570)
+
+        def ray_task(track: Any, task_id: str, start: int, end: int,
+                     phases: list[tuple[str, int, int]]) -> None:
+            span(track, f"{L.RAY_TASK_PREFIX}map", start, end, sch, {L.ARG_TASK_ID: task_id})
+            for name, p_start, p_end in phases:
+                span(track, name, p_start, p_end, sch)
+
+        phases11 = w.track(L.RAY_PHASES_TRACK, parent=w11)
+        phases12 = w.track(L.RAY_PHASES_TRACK, parent=w12)
+        ray_task(phases11, "a-0", 110, 370, [(L.PHASE_DESERIALIZE, 110, 130),
+                                             (L.PHASE_EXECUTE, 140, 355),
+                                             (L.PHASE_STORE_OUTPUTS, 355, 368)])
+        ray_task(phases12, "a-1", 100, 210, [(L.PHASE_DESERIALIZE, 100, 105)])
+        ray_task(phases12, "a-1", 390, 620, [(L.PHASE_DESERIALIZE, 390, 395)])
+        ray_task(w.track(L.RAY_PHASES_TRACK, parent=w12_lane), "b-1", 520, 1160, [])
 
         for _, _, fn in sorted(events, key=lambda e: (e[0], e[1])):
             fn()

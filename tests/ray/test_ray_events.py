@@ -253,3 +253,61 @@ def test_events_ray_dropped_are_counted(tmp_path: Path) -> None:
     assert run_slice.args[L.ARG_RAY_EVENTS_DROPPED] > 0
     assert run_slice.args[L.ARG_RAY_EVENTS_MISSING] == 20 - len(spans)
     assert 0 < len(spans) < 20  # some read before Ray evicted them, not all
+
+
+def _nap(x: int) -> int:
+    time.sleep(0.3)
+    return x
+
+
+def test_a_read_outlasting_the_flushers_join_does_not_deadlock_the_close(
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flusher's read of Ray's events still under way when the close begins (longer
+    than the close waits for the flusher): it holds the channel's read lock and then
+    wants the tracer's lock, which the close holds. The run ends within its budgets, the
+    trace is complete, and the late read draws nothing into the closed trace."""
+    import threading
+
+    import ray
+
+    from tracer.ray import ray_events
+
+    gcs = GcsQuery(ray.get_runtime_context().gcs_address)
+    started = threading.Event()
+
+    class Slow:
+        name = "gcs"
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            started.set()
+            time.sleep(7.0)  # past the flusher's join (5 s)
+            return gcs.job(job_id, timeout)
+
+        def task(self, task_id: bytes, timeout: float) -> Reply:
+            return self.job(b"", timeout)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(ray_events, "_sources", lambda: [Slow()])
+    monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "0.5")
+    path = tmp_path / "slow.perfetto-trace"
+    done: list[Any] = []
+
+    def run_it() -> None:
+        done.append(Pipeline(list(range(8)), [Stage("nap", _nap)]).run(
+            tracing_level=1, trace_path=path, progress=False))
+
+    thread = threading.Thread(target=run_it, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the run deadlocked in the close"
+    assert started.is_set()  # the flusher was reading when the run closed
+    assert done == [list(range(8))]
+    model = load(path)
+    assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 8
+    assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 8
+    time.sleep(8.0)  # the late read ends: nothing breaks, nothing is written after the close
+    assert load(path).slices == model.slices
+    gcs.close()

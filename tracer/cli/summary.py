@@ -32,7 +32,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Summarise a traced run: per stage (tasks, wall time, task duration "
             "p50/p95/max, memory requested vs peak), where task latency goes (waiting in "
-            "the runner, Ray scheduling, running, result pickup), where the dispatch loop's "
+            "the runner, Ray scheduling, running, result pickup; inside scheduling and pickup, "
+            "Ray's parts when the trace has Ray's events), where the dispatch loop's "
             "time goes, and how busy each worker was. Durations are wall-clock."
         ),
     )
@@ -72,6 +73,49 @@ def run(args: argparse.Namespace) -> int:
     style = Style.for_stream(sys.stdout)
     print(render(args.trace, engine, info, stages, latency, loop, util, style))
     return 0
+
+
+#: Ray's parts of scheduling and pickup (tracer_tables.sql), with their column titles.
+RAY_PARTS = (
+    ("sched_queue", "queue"),
+    ("sched_push", "push"),
+    ("sched_args", "args"),
+    ("sched_start", "start"),
+    ("pickup_store", "store"),
+    ("pickup_notify", "notify"),
+    ("pickup_loop", "loop"),
+)
+
+
+def _ray_parts(latency: pd.DataFrame, style: Style) -> list[str]:
+    """Scheduling and pickup split at Ray's events, when the trace has them."""
+    rows = []
+    for row in records(latency):
+        if all(row.get(f"{part}_p50_ns") is None for part, _ in RAY_PARTS):
+            continue
+        out = {"stage_id": row["stage_id"], "stage": row["stage"]}
+        for part, _ in RAY_PARTS:
+            p50 = fmt_dur(row[f"{part}_p50_ns"], style)
+            p95 = fmt_dur(row[f"{part}_p95_ns"], style)
+            out[part] = f"{p50} / {p95}"
+        rows.append(out)
+    if not rows:
+        return []
+    return [
+        render_table(
+            "Inside scheduling and pickup, from Ray's events (p50 / p95): scheduling = "
+            "queue (args, worker lease) + push (to the worker) + args (fetch, "
+            "deserialize) + start; pickup = store (outputs) + notify (the owner) + loop "
+            "(until the runner saw it)",
+            [
+                Column("id", "stage_id", fmt_count),
+                Column("stage", "stage", right=False),
+                *(Column(title, part) for part, title in RAY_PARTS),
+            ],
+            rows,
+            style,
+        )
+    ]
 
 
 def render(
@@ -134,6 +178,7 @@ def render(
             empty="(no tasks in this trace)",
         )
     )
+    parts.extend(_ray_parts(latency, style))
     loop_rows = records(loop)
     span = sum(r["total_ns"] or 0 for r in loop_rows)
     parts.append(

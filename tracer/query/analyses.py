@@ -23,6 +23,7 @@ __all__ = [
     "GAPS_BETWEEN_WAVES",
     "GAPS_IN_WAVES",
     "LATENCY_COLUMNS",
+    "RAY_PARTS",
     "dispatch_loop",
     "latency_by_stage",
     "latency_rows",
@@ -66,14 +67,26 @@ LATENCY_COLUMNS = (
     "memory_at_kill",
     "task_slice_id",
     "execution_slice_id",
+    "sched_queue_ns",
+    "sched_push_ns",
+    "sched_args_ns",
+    "sched_start_ns",
+    "pickup_store_ns",
+    "pickup_notify_ns",
+    "pickup_loop_ns",
 )
 (
     TASK_ID, ATTEMPT, STAGE_ID, STAGE, STATUS, NODE, WORKER, CREATED, DISPATCHED, STARTED,
     FINISHED, RECEIVED, WAITING, SCHEDULING, RUNNING, PICKUP, TOTAL, MEM_REQUESTED, MEM_PEAK,
-    PEAK_SOURCE, MEM_AT_KILL, TASK_SLICE, EXECUTION_SLICE,
+    PEAK_SOURCE, MEM_AT_KILL, TASK_SLICE, EXECUTION_SLICE, SCHED_QUEUE, SCHED_PUSH, SCHED_ARGS,
+    SCHED_START, PICKUP_STORE, PICKUP_NOTIFY, PICKUP_LOOP,
 ) = range(len(LATENCY_COLUMNS))
+#: Ray's parts of scheduling and of pickup, in time order (tracer_tables.sql).
+RAY_PARTS = ("sched_queue", "sched_push", "sched_args", "sched_start",
+             "pickup_store", "pickup_notify", "pickup_loop")
 _PHASE_COLUMNS = {"waiting": WAITING, "scheduling": SCHEDULING, "running": RUNNING,
-                  "pickup": PICKUP, "total": TOTAL}
+                  "pickup": PICKUP, "total": TOTAL,
+                  **{part: SCHED_QUEUE + i for i, part in enumerate(RAY_PARTS)}}
 
 Latency = list[tuple[Any, ...]]
 
@@ -83,6 +96,46 @@ Latency = list[tuple[Any, ...]]
 
 def _sub(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else a - b
+
+
+def _clamp(value: int | None, lo: int | None, hi: int | None) -> int | None:
+    """SQLite's ``MIN(MAX(value, lo), hi)``: None when any of them is."""
+    if value is None or lo is None or hi is None:
+        return None
+    return min(max(value, lo), hi)
+
+
+def _ray_parts(
+    dispatched: int | None, started: int | None, finished: int | None, received: int | None,
+    span: tuple[Any, ...] | None, states: tuple[int | None, int | None] | None,
+) -> tuple[int | None, ...]:
+    """Ray's parts of scheduling and pickup (tracer_tables.sql's ``bound`` steps)."""
+    ray_start = ray_end = args_end = submitted = replied = None
+    if span is not None:
+        _, _, ray_start, ray_end, args_end = span
+    if states is not None:
+        submitted, replied = states
+    worker = _clamp(ray_start, dispatched, started)
+    stored = _clamp(ray_end, finished, received)
+    queued = _clamp(submitted, dispatched, worker)
+    args = _clamp(args_end, worker, started)
+    owner = _clamp(replied, stored, received)
+    return (
+        _sub(queued, dispatched), _sub(worker, queued), _sub(args, worker), _sub(started, args),
+        _sub(stored, finished), _sub(owner, stored), _sub(received, owner),
+    )
+
+
+def _ray_span_of(spans: list[tuple[Any, ...]] | None, start: int) -> tuple[Any, ...] | None:
+    """The span that started last at or before ``start``, else the first after it."""
+    if not spans:
+        return None
+
+    def order(r: tuple[Any, ...]) -> tuple[bool, int, int]:
+        before = r[2] <= start
+        return (not before, -r[2] if before else r[2], r[0])
+
+    return min(spans, key=order)
 
 
 def _max(values: Iterable[Any]) -> Any:
@@ -154,16 +207,25 @@ def latency_rows(rows: TraceRows) -> Latency:
         current = chosen.get(best[0])
         if current is None or (start, e[0]) > (current[1], current[0]):
             chosen[best[0]] = e
+    spans_by_task_id: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
+    for r in rows.ray_spans:
+        if r[1] is not None:
+            spans_by_task_id[r[1]].append(r)
+    ray_states = rows.ray_states
     out: Latency = []
     for t in tasks:
         t_id, created, task_id, attempt, stage_id, stage, status, requested, at_kill, received, \
             dispatched = t
         m = chosen.get(t_id)
+        span = None
         if m is None:
             started = finished = m_requested = peak = source = m_status = node = worker = None
             m_id = None
         else:
-            m_id, started, _, _, finished, m_requested, peak, source, m_status, node, worker = m
+            m_id, started, e_task_id, _, finished, m_requested, peak, source, m_status, node, \
+                worker = m
+            span = _ray_span_of(spans_by_task_id.get(e_task_id), started)
+        states = ray_states.get(t_id)
         if status is not None:
             final_status = status
         elif m_status is not None:
@@ -183,6 +245,7 @@ def latency_rows(rows: TraceRows) -> Latency:
                     running, pickup, total,
                     requested if m_requested is None else m_requested,
                     peak, source, at_kill, t_id, m_id,
+                    *_ray_parts(d, started, finished, received, span, states),
                 )
             )
     return out

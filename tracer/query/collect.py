@@ -10,6 +10,11 @@ only what the analyses of ``tracer/query/sql`` read:
 * ``tracer_execution``: the executions (category ``execution``, not
   ``task failed``, ended, on a worker's track or a lane under it), with the
   names of their node and worker;
+* Ray's events where the trace has them: the ``SUBMITTED_TO_WORKER`` and
+  ``FINISHED``/``FAILED`` states on ``Ray states`` tracks, resolved to the
+  task slice on the parent lane, and the ``ray task <name>`` spans on the
+  workers' ``Ray phases`` tracks with the end of their ``deserialize
+  arguments`` phase (``tracer_ray_state`` and ``tracer_ray_span``);
 * the dispatch loop's time per phase, as running sums (dispatch_loop.sql);
 * the trace's first and last moment (``MIN(ts)``, ``MAX(ts + MAX(dur, 0))``
   over the slice table, instants included) and the run's info slice.
@@ -21,8 +26,10 @@ rules are those of the SQL files (same joins, same NULL rules), which
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
+from collections import defaultdict
 from typing import Any
 
 from tracer.errors import TraceOrderError
@@ -52,6 +59,9 @@ _LOOP_NAMES = frozenset((L.SLICE_EXECUTION, L.SLICE_WAVE, *PHASES))
 _PHASE_NAMES = frozenset(PHASES)
 #: A node's track: its name starts so (tracer_tables.sql's GLOB 'Node *').
 _NODE_PREFIX = L.NODE_PROCESS_PREFIX + " "
+#: Ray's states (tracer_tables.sql's tracer_ray_state).
+_STATE_NAMES = frozenset((L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED,
+                          L.STATE_RUNNING, L.STATE_FINISHED, L.STATE_FAILED))
 
 # A task row: (id, created_ts, task_id, attempt, stage_id, stage, status,
 #              memory_requested, memory_at_kill, received_ts, dispatched)
@@ -60,6 +70,8 @@ TaskRow = tuple[Any, ...]
 # An execution row: (id, start_ts, task_id, stage, end_ts, memory_requested,
 #                    memory_peak, peak_source, status, node, worker)
 ExecutionRow = tuple[Any, ...]
+# Ray's handling of a task in its worker: (id, task_id, start_ts, end_ts, args_end_ts).
+RaySpan = tuple[Any, ...]
 
 
 def arg(args: dict[str, Any], *path: str) -> Any:
@@ -114,6 +126,15 @@ class TraceRows(TraceVisitor):
         self._open_loop: list[ScannedSlice] = []
         self.finished = False
         self.scan: TraceScan | None = None
+        # Ray's events: spans (RaySpan, args_end_ts resolved at the end), the
+        # end of each span's 'deserialize arguments' phases, and states as
+        # (track uuid, ts, id, name, task_id, attempt) until finish() resolves
+        # them to task slices.
+        self.ray_spans: list[RaySpan] = []
+        self._args_end: dict[int, int] = {}
+        self._states: list[tuple[Any, ...]] = []
+        #: task slice id -> (submitted_ts, replied_ts), either None.
+        self.ray_states: dict[int, tuple[int | None, int | None]] = {}
 
     # ------------------------------------------------------------ the stream
 
@@ -143,7 +164,9 @@ class TraceRows(TraceVisitor):
         elif category == L.CAT_EXECUTION:
             if s.name is not None and s.name != L.INSTANT_TASK_FAILED and dur is not None:
                 self._execution(s)
-        elif category == L.CAT_SCHEDULER and s.name in _LOOP_NAMES:
+        elif category == L.CAT_SCHEDULER and s.name not in _LOOP_NAMES:
+            self._ray(s)
+        elif category == L.CAT_SCHEDULER:
             if s.name == L.SLICE_EXECUTION and s.depth == 0:
                 key = (ts, s.id)
                 if self._run_info_key is None or key < self._run_info_key:
@@ -155,6 +178,29 @@ class TraceRows(TraceVisitor):
                 self._open_loop.append(s)
             else:
                 self._loop(s.name, s.parent_name, dur)
+
+    def _ray(self, s: ScannedSlice) -> None:
+        """One of Ray's events (category scheduler, as the loop's slices)."""
+        name = s.name
+        if name is None:
+            return
+        if name in _STATE_NAMES:
+            attempt = arg(s.args, L.ARG_ATTEMPT) if s.args else None
+            self._states.append((s.track_uuid, s.ts, s.id, name,
+                                 arg(s.args, L.ARG_TASK_ID) if s.args else None,
+                                 0 if attempt is None else attempt))
+            return
+        dur = s.dur
+        if dur is None or dur < 0:
+            return
+        if name == L.PHASE_DESERIALIZE:
+            if s.parent_id is not None:
+                end = s.ts + dur
+                old = self._args_end.get(s.parent_id)
+                if old is None or end > old:
+                    self._args_end[s.parent_id] = end
+        elif s.depth == 0 and name.startswith(L.RAY_TASK_PREFIX):
+            self.ray_spans.append((s.id, arg(s.args, L.ARG_TASK_ID), s.ts, s.ts + dur, None))
 
     def instant(self, i: ScannedInstant) -> None:
         ts = i.ts
@@ -264,6 +310,55 @@ class TraceRows(TraceVisitor):
                 executions.append((*e[:9], *place))
         executions.sort(key=lambda e: (e[1], e[0]))
         self.executions = executions
+        self._resolve_ray(tracks)
+
+    def _resolve_ray(self, tracks: dict[int, TrackInfo]) -> None:
+        """Ray's spans get their arguments' end; states go to the task slice they belong to.
+
+        As tracer_ray_state: on each ``Ray states`` track (by ts, then id), a
+        state with a task_id starts that task's states; they go to the task
+        slice of that task_id and attempt created last at or before it.
+        """
+        args_end = self._args_end
+        self._args_end = {}
+        self.ray_spans = [(*r[:4], args_end.get(r[0])) for r in self.ray_spans]
+        states = self._states
+        self._states = []
+        if not states:
+            return
+        by_track: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+        for st in states:
+            track = tracks.get(st[0])
+            if track is not None and track.name == L.RAY_STATES_TRACK:
+                by_track[st[0]].append(st)
+        tasks_by_key: dict[tuple[Any, Any], list[tuple[int, int]]] = defaultdict(list)
+        for t in self.tasks:  # sorted by (created_ts, id)
+            if t[2] is not None:
+                tasks_by_key[(t[2], t[3])].append((t[1], t[0]))
+        found: dict[int, list[int | None]] = {}
+        for on_track in by_track.values():
+            on_track.sort(key=lambda st: (st[1], st[2]))
+            pair: list[int | None] | None = None
+            for _, ts, _, name, task_id, attempt in on_track:
+                if task_id is not None:
+                    pair = None
+                    keys = tasks_by_key.get((task_id, attempt))
+                    if keys:
+                        i = bisect.bisect_right(keys, (ts, _MAX_ID)) - 1
+                        if i >= 0:
+                            pair = found.setdefault(keys[i][1], [None, None])
+                if pair is None:
+                    continue
+                if name == L.STATE_SUBMITTED:
+                    slot = 0
+                elif name in (L.STATE_FINISHED, L.STATE_FAILED):
+                    slot = 1
+                else:
+                    continue
+                old = pair[slot]
+                if old is None or ts < old:
+                    pair[slot] = ts
+        self.ray_states = {k: (v[0], v[1]) for k, v in found.items()}
 
     def _late_children(self) -> None:
         """'dispatched' slices handed over after their task slice (it ended first)."""
@@ -358,6 +453,9 @@ def scan_rows(path: str | os.PathLike[str]) -> tuple[TraceRows, TraceScan]:
         rows.scan = scan
         return rows, scan
 
+
+#: Above any slice id: bisects to the last task created at or before a timestamp.
+_MAX_ID = 1 << 62
 
 #: The window of a second scan of a trace out of order by more than the default's.
 _RETRY_WINDOW_NS = 60_000_000_000

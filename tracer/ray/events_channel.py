@@ -65,6 +65,8 @@ class RayEventsChannel:
         self._source = source
         self._next = time.monotonic() + MIN_INTERVAL_S
         self._reading = threading.Lock()  # one read at a time (flusher, close)
+        # Set by close() under the tracer's lock: a read still under way then draws nothing.
+        self._closed = False
         timeline.expect_ray_events()
 
     @classmethod
@@ -90,11 +92,15 @@ class RayEventsChannel:
     def _read_and_draw(self, final: bool) -> bool:
         """One read of what is wanted; True when nothing is wanted any more."""
         with self._lock:
+            if self._closed:
+                return True
             wanted = self._timeline.ray_events_wanted()
         if not wanted:
             return True
         facts: list[RayTaskEvents] = self._source.read(wanted, _READ_TIMEOUT_S)
         with self._lock:
+            if self._closed:
+                return True
             self._timeline.ray_events(facts, final=final, dropped_by_ray=self._source.dropped)
             return not self._timeline.ray_events_wanted()
 
@@ -102,12 +108,19 @@ class RayEventsChannel:
         """Wait up to the budget for the last events, draw what came, stop reading."""
         budget = close_budget_s() if budget_s is None else budget_s
         deadline = time.monotonic() + budget
-        with self._reading:
-            try:
-                while True:
-                    last = time.monotonic() + _CLOSE_POLL_S >= deadline
-                    if self._read_and_draw(final=last) or last:
-                        break
-                    time.sleep(_CLOSE_POLL_S)
-            finally:
-                self._source.close()
+        # The caller holds the tracer's lock, and a flusher's read still under way (its
+        # join timed out) holds _reading and then waits for that lock: waiting for
+        # _reading without a limit would deadlock the run. Past the budget the close
+        # goes on without a last read; the late read then draws nothing (_closed).
+        got = self._reading.acquire(timeout=max(budget, 0.0))
+        try:
+            while got:
+                last = time.monotonic() + _CLOSE_POLL_S >= deadline
+                if self._read_and_draw(final=last) or last:
+                    break
+                time.sleep(_CLOSE_POLL_S)
+        finally:
+            self._closed = True
+            if got:
+                self._reading.release()
+            self._source.close()

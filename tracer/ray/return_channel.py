@@ -13,6 +13,23 @@ for, until the close).
 
 Every wait has a timeout: measurements that do not come are recorded as
 lost, never waited for by the run.
+
+Why level 1 keeps this channel rather than taking each execution's node,
+worker, start and end from Ray's own task events (issue 21, measured in
+benchmarks/bench_level1.py, numbers in benchmarks/README.md): the channel
+costs ~115-185 µs of CPU per task across all processes (+4-7% of an
+untraced no-op task's), while reading Ray's events costs more (~235 µs per
+task in a fresh job; the GCS's ``GetTaskEvents`` answers with the whole
+job's events, so each read grows with the job's history: ~1.5 ms per task
+across processes in a driver that ran many pipelines). Dropping the channel
+where the events are read anyway would save ~4%, not clearly a win, since
+Ray's events are also sometimes missing (an execution would then be lost),
+they arrive a second or more late (an execution could only be drawn then,
+and the close waits for them), Ray drops them past its caps, and they carry
+no memory figures: level 2's memray peaks, the RSS peak and failed attempts'
+measurements would need this channel anyway. Ray's events are drawn next to
+the channel's executions instead (tracer.ray.events_channel), never instead
+of them.
 """
 
 from __future__ import annotations

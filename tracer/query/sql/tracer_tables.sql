@@ -39,6 +39,8 @@ DROP TABLE IF EXISTS tracer_task_latency;
 DROP TABLE IF EXISTS tracer_execution;
 DROP TABLE IF EXISTS tracer_task;
 DROP TABLE IF EXISTS tracer_dispatched;
+DROP TABLE IF EXISTS tracer_ray_state;
+DROP TABLE IF EXISTS tracer_ray_span;
 
 CREATE TABLE tracer_dispatched AS
 SELECT parent_id AS task_slice_id, ts
@@ -69,6 +71,94 @@ LEFT JOIN tracer_dispatched AS d ON d.task_slice_id = t.id
 WHERE t.category = 'task' AND t.depth = 0;
 CREATE INDEX tracer_task_by_task_id ON tracer_task(task_id);
 DROP TABLE tracer_dispatched;
+
+-- Ray's own events of a task attempt (README, "Ray's own events"), where the
+-- trace has them. Its scheduling states are on a 'Ray states' track under
+-- the task's lane (category 'scheduler'); the first state drawn for a task
+-- carries its task_id (and attempt), the states after it on that track are
+-- the same task's (by ts, then id). trace_processor's track.parent_id cannot
+-- tell the lane (it merges lanes of one name), so a task's states go to the
+-- task slice of that task_id and attempt created last at or before the
+-- first of them. The latency split needs two, on the owner's (driver's)
+-- clock: submitted_ts (SUBMITTED_TO_WORKER: Ray has a worker for it and
+-- pushes it there) and replied_ts (FINISHED or FAILED: the owner has the
+-- worker's reply).
+CREATE TABLE tracer_ray_state AS
+WITH state AS (
+  SELECT
+    s.id,
+    s.track_id,
+    s.ts,
+    s.name,
+    EXTRACT_ARG(s.arg_set_id, 'debug.task_id') AS task_id,
+    COALESCE(EXTRACT_ARG(s.arg_set_id, 'debug.attempt'), 0) AS attempt
+  FROM slice AS s
+  JOIN track AS tr ON tr.id = s.track_id
+  WHERE s.category = 'scheduler' AND tr.name = 'Ray states'
+    AND s.name IN ('PENDING_ARGS_AVAIL', 'PENDING_NODE_ASSIGNMENT', 'SUBMITTED_TO_WORKER',
+                   'RUNNING', 'FINISHED', 'FAILED')
+),
+grouped AS (
+  SELECT
+    *,
+    SUM(task_id IS NOT NULL) OVER (
+      PARTITION BY track_id ORDER BY ts, id ROWS UNBOUNDED PRECEDING
+    ) AS head
+  FROM state
+),
+per_task AS (
+  SELECT
+    MAX(task_id) AS task_id,
+    MAX(CASE WHEN task_id IS NOT NULL THEN attempt END) AS attempt,
+    MIN(CASE WHEN task_id IS NOT NULL THEN ts END) AS head_ts,
+    MIN(CASE WHEN name = 'SUBMITTED_TO_WORKER' THEN ts END) AS submitted_ts,
+    MIN(CASE WHEN name IN ('FINISHED', 'FAILED') THEN ts END) AS replied_ts
+  FROM grouped
+  WHERE head > 0
+  GROUP BY track_id, head
+)
+SELECT task_slice_id, MIN(submitted_ts) AS submitted_ts, MIN(replied_ts) AS replied_ts
+FROM (
+  SELECT
+    (
+      SELECT t.slice_id FROM tracer_task AS t
+      WHERE t.task_id = p.task_id AND t.attempt = p.attempt AND t.created_ts <= p.head_ts
+      ORDER BY t.created_ts DESC, t.slice_id DESC
+      LIMIT 1
+    ) AS task_slice_id,
+    p.submitted_ts,
+    p.replied_ts
+  FROM per_task AS p
+)
+WHERE task_slice_id IS NOT NULL
+GROUP BY task_slice_id;
+CREATE INDEX tracer_ray_state_by_task ON tracer_ray_state(task_slice_id);
+
+-- Ray's handling of a task attempt in its worker (on the worker's clock, as
+-- the execution): the 'ray task <name>' slice on the worker's 'Ray phases'
+-- track, annotated with tracer's task_id, and the end of its 'deserialize
+-- arguments' phase (fetching and deserializing the arguments).
+DROP TABLE IF EXISTS tracer_ray_args;
+CREATE TABLE tracer_ray_args AS
+SELECT parent_id AS span_slice_id, MAX(ts + dur) AS args_end_ts
+FROM slice
+WHERE category = 'scheduler' AND name = 'deserialize arguments' AND dur >= 0
+  AND parent_id IS NOT NULL
+GROUP BY parent_id;
+CREATE INDEX tracer_ray_args_by_span ON tracer_ray_args(span_slice_id);
+
+CREATE TABLE tracer_ray_span AS
+SELECT
+  r.id AS slice_id,
+  EXTRACT_ARG(r.arg_set_id, 'debug.task_id') AS task_id,
+  r.ts AS start_ts,
+  r.ts + r.dur AS end_ts,
+  a.args_end_ts
+FROM slice AS r
+LEFT JOIN tracer_ray_args AS a ON a.span_slice_id = r.id
+WHERE r.category = 'scheduler' AND r.depth = 0 AND r.name GLOB 'ray task *' AND r.dur >= 0;
+CREATE INDEX tracer_ray_span_by_task_id ON tracer_ray_span(task_id);
+DROP TABLE tracer_ray_args;
 
 -- One row per task execution, measured inside the Ray worker (category
 -- 'execution', but not the 'task failed' / 'task cancelled' instants marking
@@ -116,6 +206,23 @@ CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 --   pickup_ns     finished -> received   (until the runner saw the result)
 -- An execution goes to the latest attempt of its task_id created before it
 -- started; an attempt keeps its latest execution.
+--
+-- Where the trace has Ray's events, scheduling and pickup are split into
+-- Ray's parts (NULL where an event they need is missing), which add up to
+-- the phase they split:
+--   sched_queue_ns   dispatched -> SUBMITTED_TO_WORKER (the owner resolving
+--                    the arguments and waiting for a worker lease)
+--   sched_push_ns    -> Ray's handling starts in the worker (the push to it)
+--   sched_args_ns    -> 'deserialize arguments' ends (fetch + deserialize)
+--   sched_start_ns   -> started (Ray calling the function, the measurement's start)
+--   pickup_store_ns  finished -> Ray's handling ends in the worker (the
+--                    measurement's end, serializing and storing the outputs)
+--   pickup_notify_ns -> FINISHED/FAILED (the reply reaching the owner)
+--   pickup_loop_ns   -> received (the dispatch loop reaching the result)
+-- Each boundary is clamped between its neighbours (the worker's clock and
+-- the driver's may differ on another node), so the parts are never negative
+-- unless the phase they split is. An execution's Ray span is the one of its
+-- task_id that started last at or before it (else the first after it).
 DROP TABLE IF EXISTS tracer_match;
 CREATE TABLE tracer_match AS
 WITH candidate AS (
@@ -156,31 +263,108 @@ FROM latest
 WHERE latest_pick = 1;
 CREATE INDEX tracer_match_by_task ON tracer_match(task_slice_id);
 
+DROP TABLE IF EXISTS tracer_ray_match;
+CREATE TABLE tracer_ray_match AS
+WITH candidate AS (
+  SELECT
+    e.slice_id AS execution_slice_id,
+    r.start_ts,
+    r.end_ts,
+    r.args_end_ts,
+    ROW_NUMBER() OVER (
+      PARTITION BY e.slice_id
+      ORDER BY
+        (r.start_ts <= e.start_ts) DESC,
+        CASE WHEN r.start_ts <= e.start_ts THEN -r.start_ts ELSE r.start_ts END,
+        r.slice_id
+    ) AS pick
+  FROM tracer_execution AS e
+  JOIN tracer_ray_span AS r ON r.task_id = e.task_id
+)
+SELECT execution_slice_id, start_ts, end_ts, args_end_ts
+FROM candidate
+WHERE pick = 1;
+CREATE INDEX tracer_ray_match_by_execution ON tracer_ray_match(execution_slice_id);
+
 CREATE TABLE tracer_task_latency AS
+WITH joined AS (
+  SELECT
+    t.task_id,
+    t.attempt,
+    t.stage_id,
+    t.stage,
+    COALESCE(t.status, m.status, 'ok') AS status,
+    m.node,
+    m.worker,
+    t.created_ts,
+    t.dispatched_ts,
+    m.start_ts AS started_ts,
+    m.end_ts AS finished_ts,
+    t.received_ts,
+    COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
+    m.memory_peak,
+    m.peak_source,
+    t.memory_at_kill,
+    t.slice_id AS task_slice_id,
+    m.slice_id AS execution_slice_id,
+    r.start_ts AS ray_start_ts,
+    r.args_end_ts AS ray_args_end_ts,
+    r.end_ts AS ray_end_ts,
+    st.submitted_ts,
+    st.replied_ts
+  FROM tracer_task AS t
+  LEFT JOIN tracer_match AS m ON m.task_slice_id = t.slice_id
+  LEFT JOIN tracer_ray_match AS r ON r.execution_slice_id = m.slice_id
+  LEFT JOIN tracer_ray_state AS st ON st.task_slice_id = t.slice_id
+),
+-- The boundaries, each clamped between its neighbours (multi-argument MIN
+-- and MAX are NULL when an argument is).
+outer_bound AS (
+  SELECT
+    *,
+    MIN(MAX(ray_start_ts, dispatched_ts), started_ts) AS worker_ts,
+    MIN(MAX(ray_end_ts, finished_ts), received_ts) AS stored_ts
+  FROM joined
+),
+bound AS (
+  SELECT
+    *,
+    MIN(MAX(submitted_ts, dispatched_ts), worker_ts) AS queued_ts,
+    MIN(MAX(ray_args_end_ts, worker_ts), started_ts) AS args_ts,
+    MIN(MAX(replied_ts, stored_ts), received_ts) AS owner_ts
+  FROM outer_bound
+)
 SELECT
-  t.task_id,
-  t.attempt,
-  t.stage_id,
-  t.stage,
-  COALESCE(t.status, m.status, 'ok') AS status,
-  m.node,
-  m.worker,
-  t.created_ts,
-  t.dispatched_ts,
-  m.start_ts AS started_ts,
-  m.end_ts AS finished_ts,
-  t.received_ts,
-  t.dispatched_ts - t.created_ts AS waiting_ns,
-  m.start_ts - t.dispatched_ts AS scheduling_ns,
-  m.end_ts - m.start_ts AS running_ns,
-  t.received_ts - m.end_ts AS pickup_ns,
-  t.received_ts - t.created_ts AS total_ns,
-  COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
-  m.memory_peak,
-  m.peak_source,
-  t.memory_at_kill,
-  t.slice_id AS task_slice_id,
-  m.slice_id AS execution_slice_id
-FROM tracer_task AS t
-LEFT JOIN tracer_match AS m ON m.task_slice_id = t.slice_id;
+  task_id,
+  attempt,
+  stage_id,
+  stage,
+  status,
+  node,
+  worker,
+  created_ts,
+  dispatched_ts,
+  started_ts,
+  finished_ts,
+  received_ts,
+  dispatched_ts - created_ts AS waiting_ns,
+  started_ts - dispatched_ts AS scheduling_ns,
+  finished_ts - started_ts AS running_ns,
+  received_ts - finished_ts AS pickup_ns,
+  received_ts - created_ts AS total_ns,
+  memory_requested,
+  memory_peak,
+  peak_source,
+  memory_at_kill,
+  task_slice_id,
+  execution_slice_id,
+  queued_ts - dispatched_ts AS sched_queue_ns,
+  worker_ts - queued_ts AS sched_push_ns,
+  args_ts - worker_ts AS sched_args_ns,
+  started_ts - args_ts AS sched_start_ns,
+  stored_ts - finished_ts AS pickup_store_ns,
+  owner_ts - stored_ts AS pickup_notify_ns,
+  received_ts - owner_ts AS pickup_loop_ns
+FROM bound;
 DROP TABLE tracer_match;
+DROP TABLE tracer_ray_match;

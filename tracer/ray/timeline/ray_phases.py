@@ -172,11 +172,18 @@ class RayPhases:
                 L.RAY_STATES_TRACK, parent=task.lane
             )
         bounds = [min(max(ts, lo), hi) for _, ts in ev.states] + [hi]
+        # The first state drawn names its task (the states after it on the track are the
+        # same task's): trace_processor's track.parent_id is not reliable for lanes of one
+        # name (it merges them), so the query layer cannot go by the lane.
+        head: dict[str, object] | None = {L.ARG_TASK_ID: task.task_id}
+        if task.attempt:
+            head[L.ARG_ATTEMPT] = task.attempt  # type: ignore[index]
         for i, (name, _) in enumerate(ev.states):
             start, end = bounds[i], max(bounds[i + 1], bounds[i])
             if end <= start:
                 continue
-            w.begin(track, name, start, category=L.CAT_RAY)
+            w.begin(track, name, start, category=L.CAT_RAY, args=head)
+            head = None
             w.end(track, end)
         # Once on the lane, never again (another attempt's states would overlap these).
         task.ray_states_drawn = True
