@@ -273,35 +273,33 @@ def test_the_visitor_gets_each_track_in_order_and_counters_only_if_it_wants_them
 
 
 def _peak_bytes(action: Any) -> int:
-    """The least peak of three runs of ``action``, each from a collected heap: garbage
-    left by earlier tests (a collection that happens to fall mid-run or not) moves a
-    single peak by megabytes."""
-    peaks = []
-    for _ in range(3):
-        gc.collect()
-        tracemalloc.start()
-        try:
-            action()
-            peaks.append(tracemalloc.get_traced_memory()[1])
-        finally:
-            tracemalloc.stop()
-    return min(peaks)
+    """The peak of ``action`` from a collected heap (garbage left by earlier tests, if a
+    collection happens to fall mid-run, moves a peak by megabytes)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        action()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def test_memory_grows_with_what_the_visitor_keeps_not_with_the_trace(tmp_path: Path) -> None:
     """Per extra task, read_trace keeps its ~20 events (~10 KB); a scan keeps its flow
     ids (to match them in timestamp order at the end) and a window of events.
 
-    The window is 0.2 s here, so that both runs (~1.2 and ~3.6 s of simulated
-    time) fill it: what it holds does not grow with the run.
+    The window is 0.2 s here, so that every run (~1.2 s of simulated time and more)
+    fills it: what it holds does not grow with the run. The scan's runs differ by
+    12,000 tasks, so that the few MB its chunks and bundles take at their peak
+    (which moves with where the bundles fall) weigh little per task.
     """
-    small = simulated_run.write_run(tmp_path / "small.perfetto-trace", 2000)
-    big = simulated_run.write_run(tmp_path / "big.perfetto-trace", 6000)
+    runs = {n: simulated_run.write_run(tmp_path / f"run{n}.perfetto-trace", n)
+            for n in (2000, 6000, 14000)}
     window = 200_000_000
-    scan = [_peak_bytes(lambda p=p: scan_trace(p, TraceVisitor(), window_ns=window))
-            for p in (small, big)]
-    read = [_peak_bytes(lambda p=p: read_trace(p)) for p in (small, big)]
-    scan_per_task = (scan[1] - scan[0]) / 4000
+    scan = [_peak_bytes(lambda n=n: scan_trace(runs[n], TraceVisitor(), window_ns=window))
+            for n in (2000, 14000)]
+    read = [_peak_bytes(lambda n=n: read_trace(runs[n])) for n in (2000, 6000)]
+    scan_per_task = (scan[1] - scan[0]) / 12000
     read_per_task = (read[1] - read[0]) / 4000
     assert read_per_task > 5000, read
     assert scan_per_task < 600, scan
