@@ -50,7 +50,10 @@ def check_data_trace(rt: RunnerTrace, stages: dict[str, int]) -> dict[str, int]:
         (stage,) = rt.on(track)
         assert track.name == f"{stage.args[L.ARG_STAGE_ID]}: {stage.name}"
         assert stage.args["num_tasks"] == stages[track.name or ""]
-        assert len(stage.flow_ids_out) == stages[track.name or ""]
+        # An arrow per task, from the 'task launched' mark nested in the stage's slice.
+        launches = rt.launches(track)
+        assert len(launches) == stages[track.name or ""]
+        assert all(m.parent_id == stage.id and len(m.flow_ids_out) == 1 for m in launches)
     (run,) = [s for s in rt.loop_slices if s.depth == 0]
     assert run.name == L.SLICE_EXECUTION and run.args["runner"] == "ray-data"
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 0
@@ -67,12 +70,15 @@ def check_data_trace(rt: RunnerTrace, stages: dict[str, int]) -> dict[str, int]:
     assert len(execs) == len(tasks)
     flows_into = {f.dest_id: f.source_id for f in model.flows}
     stage_slice = {s.name: s for s in rt.stage_slices}
+    launched = {m.id: m for t in rt.stage_tracks for m in rt.launches(t)}
     for e in execs:
         task = task_of[e.args[L.ARG_TASK_ID]]
         assert e.name == task.name
         (dispatched,) = [s for s in rt.dispatched_slices if s.parent_id == task.id]
         assert dispatched.ts <= e.ts and e.ts + (e.dur or 0) <= task.ts + (task.dur or 0)
-        assert flows_into[e.id] == stage_slice[e.name].id
+        launch = launched[flows_into[e.id]]
+        assert launch.parent_id == stage_slice[e.name].id
+        assert launch.args[L.ARG_TASK_ID] == e.args[L.ARG_TASK_ID]
         rt.node_of(e)
     # A worker's executions follow each other (no overlap lanes in these pipelines).
     for threads in rt.workers.values():

@@ -126,9 +126,9 @@ def test_the_kill_is_marked_where_it_happened(oom: dict[str, Any]) -> None:
     (mark,) = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
     assert mark.args[L.ARG_TASK_ID] == args[L.ARG_TASK_ID]
     assert mark.args[L.ARG_MEMORY_AT_KILL] == args[L.ARG_MEMORY_AT_KILL]
-    thread = model.tracks[mark.track_uuid]
-    assert thread.kind == "thread" and thread.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
-    node = model.parent_of(thread.uuid)
+    worker = model.tracks[mark.track_uuid]
+    assert worker.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
+    node = model.parent_of(worker.uuid)
     assert node is not None and node.name is not None and node_id[:8] in node.name
     # Its measurements never come (the worker died): not counted as lost.
     (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0]
