@@ -7,10 +7,10 @@ a scan back into a TraceModel to compare).
 
 from __future__ import annotations
 
-import gc
 import importlib.util
+import json
+import subprocess
 import sys
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -272,9 +272,16 @@ def test_the_visitor_gets_each_track_in_order_and_counters_only_if_it_wants_them
 # ---------------------------------------------------------------------- memory
 
 
-def _peak_bytes(action: Any) -> int:
-    """The peak of ``action`` from a collected heap (garbage left by earlier tests, if a
-    collection happens to fall mid-run, moves a peak by megabytes)."""
+#: Run in a fresh interpreter: in the test session, process-wide tables (interned
+#: strings, caches of the libraries earlier tests loaded) that happen to grow during
+#: a measured read count in its peak, by megabytes.
+_PEAKS = """
+import gc, json, sys, tracemalloc
+sys.path.insert(0, sys.argv[1])
+from simulated_run import write_run
+from tracer.format import TraceVisitor, read_trace, scan_trace
+
+def peak(action):
     gc.collect()
     tracemalloc.start()
     try:
@@ -282,6 +289,14 @@ def _peak_bytes(action: Any) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+runs = {n: write_run(f"{sys.argv[2]}/run{n}.perfetto-trace", n) for n in (2000, 6000, 14000)}
+print(json.dumps({
+    "scan": [peak(lambda n=n: scan_trace(runs[n], TraceVisitor(), window_ns=200_000_000))
+             for n in (2000, 14000)],
+    "read": [peak(lambda n=n: read_trace(runs[n])) for n in (2000, 6000)],
+}))
+"""
 
 
 def test_memory_grows_with_what_the_visitor_keeps_not_with_the_trace(tmp_path: Path) -> None:
@@ -293,12 +308,12 @@ def test_memory_grows_with_what_the_visitor_keeps_not_with_the_trace(tmp_path: P
     12,000 tasks, so that the few MB its chunks and bundles take at their peak
     (which moves with where the bundles fall) weigh little per task.
     """
-    runs = {n: simulated_run.write_run(tmp_path / f"run{n}.perfetto-trace", n)
-            for n in (2000, 6000, 14000)}
-    window = 200_000_000
-    scan = [_peak_bytes(lambda n=n: scan_trace(runs[n], TraceVisitor(), window_ns=window))
-            for n in (2000, 14000)]
-    read = [_peak_bytes(lambda n=n: read_trace(runs[n])) for n in (2000, 6000)]
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAKS, str(ROOT / "benchmarks"), str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=600,
+    )
+    peaks = json.loads(out.stdout)
+    scan, read = peaks["scan"], peaks["read"]
     scan_per_task = (scan[1] - scan[0]) / 12000
     read_per_task = (read[1] - read[0]) / 4000
     assert read_per_task > 5000, read
