@@ -94,9 +94,12 @@ def check_runner_layout(run: UiRun, model: TraceModel, stages: dict[str, int]) -
     assert flows == len(model.flows) and flows >= 1, where
     assert all(line.startswith(f"{L.INSTANT_TASK_LAUNCHED} (#") for line in run.flows[1:] if line)
 
-    # No synthetic id anywhere: every number in a name is a real pid, an index or a stage id.
+    # No synthetic id anywhere: every number in a name is a real pid, an index or a stage id
+    # (a node's hex id, all digits now and then, is not a number).
     for node in root.walk():
-        for number in re.findall(r"\d+", node.name if node is not root else ""):
+        name = node.name if node is not root else ""
+        m = NODE_NAME.fullmatch(name)
+        for number in re.findall(r"\d+", m.group(1) if m else name):
             assert int(number) < PID_LIMIT, (node.name, where)
     return root
 
