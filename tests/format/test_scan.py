@@ -317,4 +317,6 @@ def test_memory_grows_with_what_the_visitor_keeps_not_with_the_trace(tmp_path: P
     scan_per_task = (scan[1] - scan[0]) / 12000
     read_per_task = (read[1] - read[0]) / 4000
     assert read_per_task > 5000, read
-    assert scan_per_task < 600, scan
+    # Measured 426 B on Python 3.11 and 668 B on 3.10 (whose objects are bigger), both
+    # against read_trace's ~10,000.
+    assert scan_per_task < (600 if sys.version_info >= (3, 11) else 800), scan
