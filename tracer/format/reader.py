@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tracer.errors import TraceReadError
+from tracer.format._framing import Where
 from tracer.format._tokenizer import _BEGIN, _END, _Tokenizer
 from tracer.format.model import CounterSample, Flow, Instant, Slice, TraceModel
 
@@ -219,32 +220,10 @@ class _ModelReader(_Tokenizer):
                 )
                 built.append(None)
             elif kind == _END:
-                if not stack:
-                    self.problem(
-                        "unmatched_end",
-                        f"an END on track {uuid} ({track.name!r}) with no open slice; ignored",
-                        where,
-                    )
+                at = _closed_by_end(self.problem, stack, uuid, track.name, name, category, where)
+                if at is None:
                     continue
-                index = len(stack) - 1
-                if name is not None or category is not None:
-                    found = _matching_open_slice(stack, name, category)
-                    if found is None:
-                        self.problem(
-                            "unmatched_end",
-                            f"an END for {name!r} on track {uuid} matches no open slice",
-                            where,
-                        )
-                        continue
-                    index = found
-                if index != len(stack) - 1:
-                    self.problem(
-                        "misplaced_end",
-                        f"an END on track {uuid} closes {stack[index][2]!r}, which is "
-                        "not the innermost open slice",
-                        where,
-                    )
-                entry = stack.pop(index)
+                entry = stack.pop(at)
                 slice_id = entry[0]
                 if args:
                     entry[6].update(args)
@@ -300,6 +279,43 @@ class _ModelReader(_Tokenizer):
                 slices.append(item)
             elif item is not None:
                 instants.append(item)
+
+
+def _closed_by_end(
+    problem: Callable[..., None],
+    stack: list[list[Any]],
+    uuid: int,
+    track_name: str | None,
+    name: str | None,
+    category: str | None,
+    where: Where,
+) -> int | None:
+    """The index in ``stack`` of the open slice an END closes, as trace_processor matches
+    it (both readers' rule); None, with the problem recorded, when it closes none."""
+    if not stack:
+        problem(
+            "unmatched_end",
+            f"an END on track {uuid} ({track_name!r}) with no open slice; ignored",
+            where,
+        )
+        return None
+    at = len(stack) - 1
+    if name is not None or category is not None:
+        found = _matching_open_slice(stack, name, category)
+        if found is None:
+            problem(
+                "unmatched_end", f"an END for {name!r} on track {uuid} matches no open slice", where
+            )
+            return None
+        at = found
+    if at != len(stack) - 1:
+        problem(
+            "misplaced_end",
+            f"an END on track {uuid} closes {stack[at][2]!r}, which is not the innermost "
+            "open slice",
+            where,
+        )
+    return at
 
 
 def _matching_open_slice(

@@ -39,7 +39,7 @@ from tracer.format.model import CounterSample, Flow, Problem, TrackInfo
 from tracer.format.reader import (
     DEFAULT_MAX_BUNDLE_SIZE,
     DEFAULT_MAX_INFLATED_SIZE,
-    _matching_open_slice,
+    _closed_by_end,
     paused_gc,
     read_source,
 )
@@ -335,31 +335,9 @@ class _Scanner(_Tokenizer):
                     ]
                 )
             elif kind == _END:
-                if not stack:
-                    self.problem(
-                        "unmatched_end",
-                        f"an END on track {uuid} ({track.name!r}) with no open slice; ignored",
-                        where,
-                    )
+                at = _closed_by_end(self.problem, stack, uuid, track.name, name, category, where)
+                if at is None:
                     continue
-                at = len(stack) - 1
-                if name is not None or category is not None:
-                    found = _matching_open_slice(stack, name, category)
-                    if found is None:
-                        self.problem(
-                            "unmatched_end",
-                            f"an END for {name!r} on track {uuid} matches no open slice",
-                            where,
-                        )
-                        continue
-                    at = found
-                if at != len(stack) - 1:
-                    self.problem(
-                        "misplaced_end",
-                        f"an END on track {uuid} closes {stack[at][2]!r}, which is "
-                        "not the innermost open slice",
-                        where,
-                    )
                 entry = stack.pop(at)
                 slice_id = entry[0]
                 if args:
