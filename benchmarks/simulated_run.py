@@ -14,7 +14,8 @@ tracer's own code. Nothing else is faked.
 The simulated cluster has ``nodes`` nodes of ``workers_per_node`` workers;
 each stage has ``tasks / stages`` partitions, and a partition's task in a
 stage is created when its task of the previous stage was received (a map
-pipeline). Seeded: the same arguments write the same trace.
+pipeline). Seeded: the same arguments write the same trace (but for the wall
+clock of the recording, in its first packet).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from tracer.format import TraceWriter
 from tracer.ray import ResourceRequest
+from tracer.ray.flusher import MIN_FLUSH_GAP_S
 from tracer.ray.levels import TracingLevel
 from tracer.ray.return_channel import ReturnChannel
 from tracer.ray.runner_tracer import RunnerTracer
@@ -66,12 +68,39 @@ class _SimulatedReturns(ReturnChannel):
         return {}
 
 
-class _SimulatedRayTracer(RunnerTracer):
-    """A RunnerTracer whose return channel is :class:`_SimulatedReturns`."""
+class _FakeClockFlusher:
+    """The flusher's rule (write out within 20 ms of a wave's end) on the fake clock.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    The real flusher is a thread on the real clock: where its writes fell in a
+    simulated run (so where the compressed bundles begin and end) changed from
+    one run to the next, and a seeded run must write the same bytes.
+    """
+
+    def __init__(self, flush: Any, clock: _Clock) -> None:
+        self._flush = flush
+        self._clock = clock
+        self.wave_ended = False
+        self.last_flush = 0.0
+        self._flushed_ns = clock.ns
+
+    def after_wave(self) -> None:
+        if self.wave_ended and self._clock.ns - self._flushed_ns >= MIN_FLUSH_GAP_S * 1e9:
+            self.wave_ended = False
+            self._flushed_ns = self._clock.ns
+            self._flush()
+
+    def stop(self, join: bool = False) -> None:
+        pass
+
+
+class _SimulatedRayTracer(RunnerTracer):
+    """A RunnerTracer with the simulation's return channel, flushed on the fake clock."""
+
+    def __init__(self, *args: Any, clock: _Clock, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._returns = _SimulatedReturns(self._returns.timeline)
+        self._flusher.stop(join=True)
+        self._flusher = _FakeClockFlusher(self.flush, clock)  # type: ignore[assignment]
 
 
 def write_run(
@@ -101,6 +130,7 @@ def write_run(
         execution_id="simulated",
         runner_name="pipeline",
         level=TracingLevel.TIMELINE,
+        clock=clock,
         cluster_resources={"CPU": float(cpus), "memory": float(cpus * 1024 * MIB)},
     )
     names = [f"map{i}" for i in range(stages)]
@@ -198,6 +228,7 @@ def write_run(
                     tracer.count_inflight_tasks(len(inflight))
                 wave_metrics(dispatched=len(batch), received=len(done_now), inflight=len(inflight))
             wave += 1
+            tracer._flusher.after_wave()  # type: ignore[attr-defined]
         tracer.complete_received()
     finally:
         tracer.close()
