@@ -153,9 +153,14 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     assert fact.worker_pid > 0 and len(fact.node_id) == 56 and fact.name == "noop"
 
 
-def test_the_cheaper_query_is_chosen_by_measured_cost(ray_local: None) -> None:
+def test_the_cheaper_query_is_chosen_by_measured_cost(
+    ray_local: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ray
 
+    from tracer.ray import ray_events
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})  # no earlier run measured this job
     ids = _task_ids(3)
     calls: list[str] = []
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
@@ -185,6 +190,16 @@ def test_the_cheaper_query_is_chosen_by_measured_cost(ray_local: None) -> None:
     calls.clear()
     source.read(ids)
     assert calls == ["job"]
+    assert source.stored >= 3  # the job's tasks Ray holds, as its reply said
+
+    # The next run's source of the same job starts from what this one measured: a
+    # long-lived driver's job holds every earlier run's tasks, and its first read of
+    # the whole job could take seconds.
+    source._job_s = 1.0
+    source.read_each(ids[:1])  # any read records what was measured
+    calls.clear()
+    RayEventSource(_job_id(), [Counting()]).read(ids)
+    assert calls == ["task"] * 3
 
 
 def test_switched_off_nothing_is_read(
@@ -310,4 +325,92 @@ def test_a_read_outlasting_the_flushers_join_does_not_deadlock_the_close(
     assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 8
     time.sleep(8.0)  # the late read ends: nothing breaks, nothing is written after the close
     assert load(path).slices == model.slices
+    gcs.close()
+
+
+class _Fake:
+    """A query answering nothing, counting what it was asked."""
+
+    name = "fake"
+
+    def __init__(self, stored: int) -> None:
+        self.stored = stored
+        self.calls: list[str] = []
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        self.calls.append("job")
+        return Reply([], 0, self.stored)
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        self.calls.append("task")
+        return Reply([], 0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_read_of_the_job_waits_until_it_is_mostly_of_tasks_wanted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At flushes: a job holding 1000 tasks is read for 1000 wanted, not for 10 (each
+    read would send the whole job again); one query per task, when measured cheaper, is
+    always worth it."""
+    from tracer.ray import ray_events
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})
+    fake = _Fake(stored=1000)
+    source = RayEventSource("01000000", [fake])
+    assert source.worth_reading(10, 0.5)  # nothing measured yet: read
+    source.read(["aa" * 24])
+    assert fake.calls == ["job"] and source.stored == 1000
+    source._job_s = 0.05  # the job's query measured 50 ms ...
+    source._one_task_s = 1.0  # ... one-task queries dear: only the job's
+    assert not source.worth_reading(10, 0.5)
+    assert not source.worth_reading(999, 0.5)
+    assert source.worth_reading(1000, 0.5)
+    assert not source.worth_reading(0, 0.5)
+    source._one_task_s = 1e-4  # cheap (10 of them: 1 ms): always
+    assert source.worth_reading(10, 0.5)
+
+
+def test_the_close_reads_the_job_once_the_probes_say_ray_has_it_all(
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the close, Ray's last events come within its report interval (1 s). Instead of
+    reading the whole job every 0.2 s until then, one-task queries of each worker's last
+    execution tell when they came; then one read of the job draws them all."""
+    import ray
+
+    from tracer.ray import ray_events
+
+    gcs = GcsQuery(ray.get_runtime_context().gcs_address)
+    calls: list[str] = []
+
+    class Counting:
+        name = "gcs"
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            calls.append("job")
+            return gcs.job(job_id, timeout)
+
+        def task(self, task_id: bytes, timeout: float) -> Reply:
+            calls.append("task")
+            return gcs.task(task_id, timeout)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})
+    monkeypatch.setattr(ray_events, "_sources", lambda: [Counting()])
+    monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "5")
+    path = tmp_path / "probes.perfetto-trace"
+    Pipeline(list(range(30)), [Stage("neg", _neg)]).run(
+        tracing_level=1, trace_path=path, progress=False
+    )
+    model = load(path)
+    assert _run_slice(model).args[L.ARG_RAY_EVENTS_MISSING] == 0
+    spans = [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert len(spans) == 30
+    assert "task" in calls  # the probes
+    assert calls.count("job") <= 2, calls
     gcs.close()

@@ -8,6 +8,14 @@ reading (a read that took 50 ms waits a second before the next), and at the
 close, which waits for the last ones up to a budget
 (``TRACER_RAY_EVENTS_BUDGET_S``, 2 s by default) and then says on the
 execution slice how many executions lack them (``ray_events_missing``).
+
+A read of the job sends every task Ray holds of it, wanted or not (Ray's
+filters cannot say "since"), so reads are rationed by what they would send:
+at flushes the job is read only when the tasks wanted are at least half of
+it (each task is then sent a bounded number of times, however long the run),
+and the close, instead of reading the job every 0.2 s until the last events
+came, asks for each worker's last execution alone until Ray has them, then
+reads the job once.
 Reading goes through :mod:`tracer.ray.ray_events`; drawing through the run
 timeline. ``TRACER_RAY_EVENTS=0`` turns the channel off.
 """
@@ -37,6 +45,12 @@ _COST_FACTOR = 20.0
 _READ_TIMEOUT_S = 2.0
 #: At the close, between reads.
 _CLOSE_POLL_S = 0.2
+#: At flushes, a read of the job happens only when the tasks wanted are at least
+#: this share of what it sends (see RayEventSource.worth_reading).
+_READ_SHARE = 0.5
+#: At the close, one-task queries of at most this many workers' last executions
+#: say when Ray has everything (see RayPhases.probes).
+_PROBES = 16
 
 
 def enabled_by_env() -> bool:
@@ -82,14 +96,14 @@ class RayEventsChannel:
         if time.monotonic() < self._next or not self._reading.acquire(blocking=False):
             return
         try:
-            self._read_and_draw(final=False)
+            self._read_and_draw(final=False, at_flush=True)
         finally:
             self._next = time.monotonic() + max(
                 MIN_INTERVAL_S, self._source.last_cost_s * _COST_FACTOR
             )
             self._reading.release()
 
-    def _read_and_draw(self, final: bool) -> bool:
+    def _read_and_draw(self, final: bool, at_flush: bool = False) -> bool:
         """One read of what is wanted; True when nothing is wanted any more."""
         with self._lock:
             if self._closed:
@@ -97,12 +111,28 @@ class RayEventsChannel:
             wanted = self._timeline.ray_events_wanted()
         if not wanted:
             return True
-        facts: list[RayTaskEvents] = self._source.read(wanted, _READ_TIMEOUT_S)
+        if at_flush and not self._source.worth_reading(len(wanted), _READ_SHARE):
+            return False
+        return self._draw(self._source.read(wanted, _READ_TIMEOUT_S), final)
+
+    def _draw(self, facts: list[RayTaskEvents], final: bool) -> bool:
         with self._lock:
             if self._closed:
                 return True
             self._timeline.ray_events(facts, final=final, dropped_by_ray=self._source.dropped)
             return not self._timeline.ray_events_wanted()
+
+    def _settled(self) -> bool:
+        """Has Ray the events of every worker's last execution still wanted? (Drawn, then.)"""
+        with self._lock:
+            if self._closed:
+                return True
+            probes = self._timeline.ray_events_probes(_PROBES)
+        if not probes:
+            return True
+        self._draw(self._source.read_each(probes, _READ_TIMEOUT_S), final=False)
+        with self._lock:
+            return self._closed or not set(probes) & set(self._timeline.ray_events_wanted())
 
     def close(self, budget_s: float | None = None) -> None:
         """Wait up to the budget for the last events, draw what came, stop reading."""
@@ -114,9 +144,14 @@ class RayEventsChannel:
         # goes on without a last read; the late read then draws nothing (_closed).
         got = self._reading.acquire(timeout=max(budget, 0.0))
         try:
+            # Reading everything wanted costs what the job holds, every time; asking for
+            # the few probes costs little: everything is read once they have come.
             while got:
                 last = time.monotonic() + _CLOSE_POLL_S >= deadline
-                if self._read_and_draw(final=last) or last:
+                if last:
+                    self._read_and_draw(final=True)
+                    break
+                if self._settled() and self._read_and_draw(final=False):
                     break
                 time.sleep(_CLOSE_POLL_S)
         finally:

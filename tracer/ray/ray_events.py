@@ -53,6 +53,9 @@ __all__ = [
 
 #: A GCS round trip for one task id, before one was measured (seconds).
 _ONE_TASK_COST_S = 0.0006
+#: By job id: what reads of the job measured (one task's query s, the job's query s, the
+#: tasks the job held), for the next source of the same job.
+_MEASURED: dict[bytes, tuple[float, float | None, int]] = {}
 #: Ray's profile events of a task's phases, and the names they get in the trace.
 _PHASES = {
     "task:deserialize_arguments": L.PHASE_DESERIALIZE,
@@ -73,11 +76,13 @@ _STATES = {
 class Reply:
     """What one read brought: events of task attempts, and what Ray says it dropped."""
 
-    __slots__ = ("dropped", "events")
+    __slots__ = ("dropped", "events", "stored")
 
-    def __init__(self, events: list[Any], dropped: int) -> None:
+    def __init__(self, events: list[Any], dropped: int, stored: int = 0) -> None:
         self.events = events  # Ray's TaskEvents protos
         self.dropped = dropped  # profile + status events Ray dropped (for the job, or in all)
+        #: Task attempts Ray holds for the query (a job query: the job's), sent or not.
+        self.stored = stored
 
 
 class Query(Protocol):
@@ -111,7 +116,7 @@ def _reply(reply: Any) -> Reply:
     if reply.status.code != 0:
         raise RuntimeError(f"task events query rejected: {reply.status.message}")
     dropped = int(reply.num_profile_task_events_dropped) + int(reply.num_status_task_events_dropped)
-    return Reply(list(reply.events_by_task), dropped)
+    return Reply(list(reply.events_by_task), dropped, int(reply.num_total_stored))
 
 
 class GcsQuery:
@@ -189,7 +194,8 @@ class AllEventsQuery:
         return list(state.state._get_all_task_events())
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
-        return Reply([e for e in self._all() if e.job_id == job_id], 0)
+        events = [e for e in self._all() if e.job_id == job_id]
+        return Reply(events, 0, len(events))
 
     def task(self, task_id: bytes, timeout: float) -> Reply:
         return Reply([e for e in self._all() if e.task_id == task_id], 0)
@@ -229,12 +235,17 @@ class RayEventSource:
     def __init__(self, job_id: str, queries: Sequence[Query] | None = None) -> None:
         self.job_id = bytes.fromhex(job_id)
         self._queries: list[Query] = list(queries) if queries is not None else _sources()
-        self._one_task_s = _ONE_TASK_COST_S
-        self._job_s: float | None = None  # unknown until a job query ran
+        # What earlier runs of the driver measured of its job (a long-lived driver's job
+        # holds every earlier run's tasks: a first query of it can take seconds).
+        self._one_task_s, self._job_s, stored = _MEASURED.get(
+            self.job_id, (_ONE_TASK_COST_S, None, 0)
+        )
         #: Seconds the last read took (the channel spaces reads by it).
         self.last_cost_s = 0.0
         #: Events Ray says it dropped (the most any reply said).
         self.dropped = 0
+        #: Task attempts of the job Ray held at the last job query (0: none ran yet).
+        self.stored = stored
 
     @classmethod
     def for_current_job(cls) -> RayEventSource | None:
@@ -252,8 +263,30 @@ class RayEventSource:
     def name(self) -> str:
         return self._queries[0].name if self._queries else "none"
 
+    def worth_reading(self, wanted: int, share: float) -> bool:
+        """Would a read of ``wanted`` tasks now be mostly of them (at least ``share``)?
+
+        One query per task always is; a query of the job is when the tasks
+        wanted are at least ``share`` of what the job will send: its stored
+        tasks at the last query, plus those wanted since (new ones, most of
+        them). Reading only then, every task of a run is sent a bounded
+        number of times however long the run, instead of once per read.
+        """
+        if wanted <= 0:
+            return False
+        if self._job_s is not None and self._one_task_s * wanted < self._job_s:
+            return True
+        return wanted >= share * (self.stored + wanted)
+
     def read(self, task_ids: Sequence[str], timeout: float = 5.0) -> list[RayTaskEvents]:
         """Ray's events of these tasks (hex ids), as facts; [] when none can be read."""
+        return self._guarded(task_ids, timeout, each=False)
+
+    def read_each(self, task_ids: Sequence[str], timeout: float = 5.0) -> list[RayTaskEvents]:
+        """Like :meth:`read`, with one query per task whatever the costs (a few tasks)."""
+        return self._guarded(task_ids, timeout, each=True)
+
+    def _guarded(self, task_ids: Sequence[str], timeout: float, each: bool) -> list[RayTaskEvents]:
         if not task_ids:
             return []
         wanted = set(task_ids)
@@ -261,20 +294,22 @@ class RayEventSource:
             query = self._queries[0]
             t0 = time.perf_counter()
             try:
-                events = self._read(query, task_ids, wanted, timeout)
+                events = self._read(query, task_ids, wanted, timeout, each)
             except Exception as exc:
                 logger.debug("tracer: Ray's task events from %s failed: %s", query.name, exc)
                 self._queries.pop(0).close()
                 continue
             self.last_cost_s = time.perf_counter() - t0
+            _MEASURED[self.job_id] = (self._one_task_s, self._job_s, self.stored)
             return events
         return []
 
     def _read(
-        self, query: Query, task_ids: Sequence[str], wanted: set[str], timeout: float
+        self, query: Query, task_ids: Sequence[str], wanted: set[str], timeout: float,
+        each: bool,
     ) -> list[RayTaskEvents]:
         per_task = self._one_task_s * len(task_ids)
-        if self._job_s is not None and per_task < self._job_s:
+        if each or (self._job_s is not None and per_task < self._job_s):
             t0 = time.perf_counter()
             found: list[Any] = []
             deadline = t0 + timeout
@@ -291,6 +326,7 @@ class RayEventSource:
         reply = query.job(self.job_id, timeout)
         self._job_s = time.perf_counter() - t0
         self.dropped = max(self.dropped, reply.dropped)
+        self.stored = reply.stored or len(reply.events)
         return to_facts(reply.events, wanted)
 
     def close(self) -> None:

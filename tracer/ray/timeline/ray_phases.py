@@ -68,13 +68,16 @@ class RayTaskEvents:
 class _Expected:
     """An execution drawn, waiting for Ray's events of its attempt."""
 
-    __slots__ = ("name", "phases_drawn", "task", "task_id", "worker")
+    __slots__ = ("end", "name", "phases_drawn", "task", "task_id", "worker")
 
-    def __init__(self, task: TimelineTask | None, task_id: str, worker: Worker, name: str) -> None:
+    def __init__(
+        self, task: TimelineTask | None, task_id: str, worker: Worker, name: str, end: int
+    ) -> None:
         self.task = task
         self.task_id = task_id
         self.worker = worker
         self.name = name
+        self.end = end
         self.phases_drawn = False
 
 
@@ -93,15 +96,30 @@ class RayPhases:
 
     def expect(
         self, ray_task_id: str, attempt: int, task: TimelineTask | None, task_id: str,
-        worker: Worker, name: str,
+        worker: Worker, name: str, end: int = 0,
     ) -> None:
-        """An execution was drawn: its Ray events are wanted (when enabled)."""
+        """An execution (that ended at ``end``) was drawn: its Ray events are wanted."""
         if self.enabled and ray_task_id:
-            self._expected[(ray_task_id, attempt)] = _Expected(task, task_id, worker, name)
+            self._expected[(ray_task_id, attempt)] = _Expected(task, task_id, worker, name, end)
 
     def wanted(self) -> list[str]:
         """Ray task ids whose events are still wanted (each once, whatever its attempts)."""
         return list(dict.fromkeys(key[0] for key in self._expected))
+
+    def probes(self, limit: int) -> list[str]:
+        """Per worker, the wanted execution that ended last (the ``limit`` latest of them).
+
+        Each worker reports its events on a timer of its own, and the driver
+        its tasks' end states on another: once the last execution of every
+        worker has all its events, every earlier one has them too, so a few
+        one-task queries tell when one read of everything would find it all.
+        """
+        last: dict[int, tuple[int, str]] = {}  # by worker: (end, Ray task id)
+        for (ray_task_id, _), exp in self._expected.items():
+            seen = last.get(id(exp.worker))
+            if seen is None or exp.end >= seen[0]:
+                last[id(exp.worker)] = (exp.end, ray_task_id)
+        return [ray_task_id for _, ray_task_id in sorted(last.values(), reverse=True)[:limit]]
 
     @property
     def missing(self) -> int:

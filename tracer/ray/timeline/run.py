@@ -423,7 +423,7 @@ class RunTimeline:
         if self._ray.enabled:
             self._ray.expect(
                 str(m.get("ray_task_id") or ""), int(m.get("attempt") or 0), task, task_id,
-                worker, name,
+                worker, name, end,
             )
         if error_type:
             self.writer.instant(
@@ -472,6 +472,10 @@ class RunTimeline:
     def ray_events_wanted(self) -> list[str]:
         """Ray task ids of drawn executions whose Ray events have not been drawn yet."""
         return self._ray.wanted()
+
+    def ray_events_probes(self, limit: int = 16) -> list[str]:
+        """Of those, the last execution of each worker (see :meth:`.RayPhases.probes`)."""
+        return self._ray.probes(limit)
 
     def ray_events(
         self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
