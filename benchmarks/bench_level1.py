@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runner import noop
 from cpu_meter import busy_load, machine_busy_s, proc_cpu_s, tree_cpu_s
 
+from tracer.ray import wait_for_traces
 from tracer.runner import Pipeline, Stage
 
 VARIANTS = ("0", "1", "1-noev", "1-plain")
@@ -82,9 +83,11 @@ def variant(name: str) -> Iterator[int]:
 
 def run_once(
     name: str, tasks: int, path: Path, load: list[int]
-) -> tuple[float, float, float, float]:
-    """Wall seconds; CPU seconds of the driver, of the driver and Ray's processes under it,
-    and of the machine less the load's."""
+) -> tuple[float, float, float, float, float]:
+    """Wall seconds until the run returned; CPU seconds of the driver, of the driver and
+    Ray's processes under it, and of the machine less the load's, until its trace was
+    finished (Ray's last events are drawn after the run returned: their cost, and what
+    Ray's idle processes spend meanwhile, are in); seconds until the trace was finished."""
     path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
     with variant(name) as level:
@@ -95,12 +98,14 @@ def run_once(
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
         wall = time.perf_counter() - start
+        wait_for_traces()
+        finished = time.perf_counter() - start
         t = os.times()
         driver = t.user + t.system - driver0
         tree = tree_cpu_s() - tree0
         every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
-    return wall, driver, tree, every
+    return wall, driver, tree, every, finished
 
 
 def _init_ray() -> None:
@@ -124,14 +129,16 @@ def child(name: str, tasks: int, load: list[int]) -> int:
     return 0
 
 
-def run_child(name: str, tasks: int, load: list[int]) -> tuple[float, float, float, float]:
+def run_child(
+    name: str, tasks: int, load: list[int]
+) -> tuple[float, float, float, float, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", name, "--tasks", str(tasks),
          "--load-pids", ",".join(map(str, load))],
         check=True, capture_output=True, text=True,
     ).stdout
-    wall, driver, tree, every = json.loads(out.strip().splitlines()[-1])
-    return wall, driver, tree, every
+    wall, driver, tree, every, finished = json.loads(out.strip().splitlines()[-1])
+    return wall, driver, tree, every, finished
 
 
 def main() -> int:
@@ -162,6 +169,7 @@ def main() -> int:
     drivers: dict[str, list[float]] = defaultdict(list)
     trees: dict[str, list[float]] = defaultdict(list)
     alls: dict[str, list[float]] = defaultdict(list)
+    finishes: dict[str, list[float]] = defaultdict(list)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
                 busy_load(args.busy) as load:
@@ -172,15 +180,16 @@ def main() -> int:
                 order = names[rep % len(names):] + names[: rep % len(names)]
                 for name in order:
                     if args.fresh:
-                        wall, driver, tree, every = run_child(name, n, load)
+                        wall, driver, tree, every, finished = run_child(name, n, load)
                     else:
-                        wall, driver, tree, every = run_once(
+                        wall, driver, tree, every, finished = run_once(
                             name, n, folder / f"{name}.perfetto-trace", load
                         )
                     walls[name].append(wall)
                     drivers[name].append(driver)
                     trees[name].append(tree)
                     alls[name].append(every)
+                    finishes[name].append(finished)
                     print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
     finally:
         if ray.is_initialized():
@@ -197,7 +206,7 @@ def main() -> int:
           + (", each run in a fresh process" if args.fresh else ""))
     print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
           f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
-          f"{'machine CPU us/task':>22} {'vs 0':>7}")
+          f"{'machine CPU us/task':>22} {'vs 0':>7} {'trace done':>10}")
     for name in names:
         med = statistics.median(walls[name])
         tree_med = statistics.median(trees[name])
@@ -206,7 +215,8 @@ def main() -> int:
             f"  {name:<8} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
             f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
             f"{per_task_us(trees[name]):>23} {(tree_med / base_tree - 1) * 100:+6.1f}% "
-            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}%"
+            f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}% "
+            f"{statistics.median(finishes[name]):9.3f}s"
         )
     return 0
 

@@ -46,7 +46,13 @@ from cpu_meter import busy_load, load_pids, machine_busy_s, proc_cpu_s, tree_cpu
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.format import TraceWriter
-from tracer.ray import NullRunnerTracer, ResourceRequest, RunnerTracer, TracingLevel
+from tracer.ray import (
+    NullRunnerTracer,
+    ResourceRequest,
+    RunnerTracer,
+    TracingLevel,
+    wait_for_traces,
+)
 from tracer.runner import Pipeline, Stage
 
 TARGET_RATIO = 1.10
@@ -95,13 +101,18 @@ def cpu_now() -> tuple[float, float, float, float]:
 
 
 def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tuple[float, ...]]:
-    """Wall seconds of one run, its trace size (0 when untraced) and CPU seconds (CPU_KINDS)."""
+    """Wall seconds of one run, its trace size (0 when untraced) and CPU seconds (CPU_KINDS).
+
+    The wall time is until the run returned; the CPU and the size, until its
+    trace was finished (Ray's last events are drawn after the run returned).
+    """
     trace_path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [_stage()])
     cpu_before = cpu_now()
     start = time.perf_counter()
     results = pipeline.run(tracing_level=level, trace_path=trace_path, progress=False)
     elapsed = time.perf_counter() - start
+    wait_for_traces()
     cpu = tuple(b - a for a, b in zip(cpu_before, cpu_now(), strict=True))
     assert results == list(range(tasks))
     size = trace_path.stat().st_size if level else 0

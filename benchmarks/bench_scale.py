@@ -86,6 +86,7 @@ def child(level: int, tasks: int, stages: int, interval: float, trace: Path) -> 
     import ray
 
     import tracer.runner.pipeline as pipeline_module
+    from tracer.ray import wait_for_traces
     from tracer.runner import Pipeline, Stage
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
@@ -125,6 +126,7 @@ def child(level: int, tasks: int, stages: int, interval: float, trace: Path) -> 
     )
     results = pipeline.run(tracing_level=level, trace_path=trace, progress=False)
     elapsed = time.monotonic() - start
+    wait_for_traces()  # Ray's last events, drawn after the run returned
     done.set()
     thread.join()
     assert results == list(range(per_stage))

@@ -131,6 +131,7 @@ def write_run(
         runner_name="pipeline",
         level=TracingLevel.TIMELINE,
         clock=clock,
+        ray_events=False,  # no Ray: the tasks' Ray ids are made up
         cluster_resources={"CPU": float(cpus), "memory": float(cpus * 1024 * MIB)},
     )
     names = [f"map{i}" for i in range(stages)]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -268,6 +269,13 @@ def _trace_check_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     return {"base": tmp_path_factory.getbasetemp(), "checked": {}, "bin": None, "looked": False}
 
 
+def _wait_if_finishing() -> None:
+    """Runs of the test whose traces are still being finished (tracer.ray.finishing)."""
+    finishing = sys.modules.get("tracer.ray.finishing")
+    if finishing is not None:
+        finishing.wait_for_traces()
+
+
 @pytest.fixture(autouse=True)
 def _check_written_traces(
     request: pytest.FixtureRequest, _trace_check_state: dict[str, Any]
@@ -276,6 +284,7 @@ def _check_written_traces(
     # File times are the kernel's coarse clock (a few ms behind time_ns): look back 1 s.
     start = time.time_ns() - 1_000_000_000
     yield
+    _wait_if_finishing()
     state = _trace_check_state
     folders = [state["base"], *sorted(_WATCHED_FOLDERS)]
     fresh = []

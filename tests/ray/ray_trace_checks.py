@@ -15,6 +15,7 @@ from typing import Any
 from tracer.format.model import Instant, Slice, TraceModel, TrackInfo
 from tracer.format.reader import read_trace
 from tracer.ray import layout as L
+from tracer.ray import wait_for_traces
 
 CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION}
 LOOP_CHILDREN = {
@@ -27,7 +28,9 @@ LOOP_CHILDREN = {
 
 
 def load(path: str | Path) -> TraceModel:
-    """Read a trace that must have no problem at all (nothing trace_processor would drop)."""
+    """Read a trace that must have no problem at all (nothing trace_processor would drop),
+    once the run that wrote it has finished it (Ray's last events come late)."""
+    wait_for_traces(path)
     model = read_trace(path)
     assert not model.problems, [str(p) for p in model.problems]
     assert not model.truncated

@@ -222,8 +222,10 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     lane_b = [s.name for s in sorted(model.slices_on(states_b.uuid), key=lambda s: s.ts)]
     assert lane_b == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE]
     run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0)
-    assert run.args[L.ARG_RAY_EVENTS_MISSING] == 1
-    assert run.args[L.ARG_RAY_EVENTS_DROPPED] == 3
+    (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
+    assert read.args[L.ARG_RAY_EVENTS_MISSING] == 1
+    assert read.args[L.ARG_RAY_EVENTS_DROPPED] == 3
+    assert read.ts == run.end_ts and L.ARG_RAY_EVENTS_MISSING not in run.args
 
 
 def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> None:
@@ -237,5 +239,7 @@ def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> No
         tl.task_ended(task, T0 + 4 * MS, None)
         assert tl.ray_events_wanted() == []
         tl.close()
-    run = next(s for s in read_trace(path).slices if s.name == L.SLICE_EXECUTION)
+    model = read_trace(path)
+    run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION)
     assert L.ARG_RAY_EVENTS_MISSING not in run.args
+    assert not [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]

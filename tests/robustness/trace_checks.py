@@ -11,11 +11,13 @@ from pathlib import Path
 from tracer.format import read_trace
 from tracer.format.model import Instant, Slice, TraceModel
 from tracer.ray import layout as L
+from tracer.ray import wait_for_traces
 
 
 def load_complete(path: str | Path) -> TraceModel:
     """Read a trace that must have no problem, not be cut, and have every slice closed,
-    each inside its parent."""
+    each inside its parent (once the run that wrote it has finished it)."""
+    wait_for_traces(path)
     model = read_trace(path)
     assert not model.problems, [str(p) for p in model.problems]
     assert not model.truncated

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +71,15 @@ class QueryConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 
 
+def _wait_if_finishing(path: Path) -> None:
+    """A run of this process whose trace is still being finished (Ray's last events come
+    a second late, :mod:`tracer.ray.finishing`): wait for it. No such module loaded, no
+    such run (and Ray's layer is not imported for it)."""
+    finishing = sys.modules.get("tracer.ray.finishing")
+    if finishing is not None:
+        finishing.wait_for_traces(path)
+
+
 class TraceQuery:
     """Answers from one runner trace: ready-made analyses as DataFrames, and any SQL.
 
@@ -92,6 +102,7 @@ class TraceQuery:
     def __init__(self, trace: str | os.PathLike[str], config: QueryConfig | None = None) -> None:
         self.path = Path(trace)
         self.config = config or QueryConfig()
+        _wait_if_finishing(self.path)
         if not self.path.exists():
             raise TraceReadError(f"no such trace file: {self.path}")
         if not self.path.is_file():

@@ -17,6 +17,7 @@ every call is a no-op.
 
 from typing import TYPE_CHECKING, Any
 
+from tracer.ray.finishing import wait_for_traces
 from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
 from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.output import default_trace_dir, default_trace_path
@@ -68,4 +69,5 @@ __all__ = [
     "new_execution_id",
     "ray_tracer",
     "resolve_level",
+    "wait_for_traces",
 ]

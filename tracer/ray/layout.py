@@ -93,6 +93,9 @@ INSTANT_DISPATCH_TASK = "dispatch task"
 INSTANT_DISPATCH_ACTOR_TASK = "dispatch actor task"
 #: A task's measurements will never arrive (args: task_id, reason).
 INSTANT_METRICS_LOST = "task measurements lost"
+#: On the dispatch loop at the run's end, once Ray's events were read (after the run
+#: returned: they come late): ``ray_events_missing``, ``ray_events_dropped``.
+INSTANT_RAY_EVENTS = "Ray's events read"
 #: The metrics actor stopped answering; the tracer stopped calling it (args: reason).
 INSTANT_METRICS_ACTOR_LOST = "metrics actor lost"
 

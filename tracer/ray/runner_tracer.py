@@ -48,6 +48,7 @@ from tracer.ray import layout as L
 from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
 from tracer.ray.events_channel import RayEventsChannel
 from tracer.ray.failures import Failures
+from tracer.ray.finishing import close_waits, finish_in_background
 from tracer.ray.flusher import Flusher
 from tracer.ray.guard import guarded, guarded_failures
 from tracer.ray.levels import TracingLevel
@@ -502,20 +503,55 @@ class RunnerTracer(LoopCalls):
             with self._lock:
                 self._disable(exc)
 
-    def close(self, error: BaseException | None = None) -> None:
-        """Finish the trace: fetch outstanding measurements, write stages, close the file."""
+    def close(self, error: BaseException | None = None, *, wait: bool | None = None) -> None:
+        """Finish the trace: fetch outstanding measurements, write stages, close the file.
+
+        Ray's events of the last tasks come about a second after them: unless
+        ``wait`` (default: ``$TRACER_RAY_EVENTS_WAIT``, off), a thread waits
+        for them, draws them and closes the file, and the run goes on at once
+        with a complete trace that lacks only those (see
+        :mod:`tracer.ray.finishing`; :func:`~tracer.ray.wait_for_traces`
+        waits for them).
+        """
         if self._closed:
             return
         self._flusher.stop(join=True)
-        self._close(error)
+        end_ts = self._close(error)
         self._closed = True
-        if not self._disabled:
-            self._disabled = True  # later calls do nothing, quietly: the trace is finished
-            with contextlib.suppress(Exception):
-                self.writer.close()
+        if self._disabled:
+            return
+        self._disabled = True  # later calls do nothing, quietly: the trace is finished
+        channel = self._ray_events
+
+        def finish() -> None:
+            if channel is not None:
+                try:
+                    channel.close()
+                except Exception as exc:
+                    logger.debug("tracer: reading Ray's task events failed: %s", exc)
+            try:
+                with self._lock:
+                    self._timeline.ray_events_read(end_ts)
+            except Exception as exc:  # tracing never breaks the job
+                logger.warning("tracer: ending the trace %s failed: %s", self.trace_path, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.writer.close()
+
+        if wait is None:
+            wait = close_waits()
+        if wait or channel is None or not self._timeline.ray_events_wanted():
+            finish()
+            return
+        try:  # the trace on disk is complete now, but for Ray's last events
+            self.writer.flush()
+        except Exception as exc:
+            logger.warning("tracer: writing the trace %s failed: %s", self.trace_path, exc)
+        finish_in_background(self.trace_path, finish)
 
     @guarded
-    def _close(self, error: BaseException | None) -> None:
+    def _close(self, error: BaseException | None) -> int:
+        """Everything but Ray's last events; returns the run's end time."""
         self._complete_received()
         self._drain_metrics()
         if self._returns.cancelled:
@@ -536,12 +572,10 @@ class RunnerTracer(LoopCalls):
             self._actor.cancelled_tasks.clear()
         self._failures.clear()
         self._unreported.clear()
-        if self._ray_events is not None:
-            try:
-                self._ray_events.close()
-            except Exception as exc:
-                logger.debug("tracer: reading Ray's task events failed: %s", exc)
-        self._timeline.close(error_args(error) if error is not None else None)
+        self._timeline.finish()
+        end_ts = self.writer.now()
+        self._timeline.end_run(end_ts, error_args(error) if error is not None else None)
+        return end_ts
 
 
 AnyRunnerTracer = RunnerTracer | NullRunnerTracer

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tracer.format import TraceWriter
+from tracer.ray.finishing import wait_for_traces
 from tracer.ray.levels import TracingLevel, resolve_level
 from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.output import default_trace_path
@@ -63,6 +64,7 @@ def ray_tracer(
     try:
         if path is None:
             trace_path.parent.mkdir(parents=True, exist_ok=True)
+        wait_for_traces(trace_path)  # an earlier run's trace there still being finished
         writer = TraceWriter(trace_path, compress=compress)
         totals = ray.cluster_resources() if ray.is_initialized() else {}
         if metrics_actor:

@@ -497,15 +497,36 @@ class RunTimeline:
             self.stages.write(stage)
 
     def close(self, args: dict[str, Any] | None = None) -> None:
-        """The run ended: every stage, the last memory counters, the end of the run's slice
-        (with ``lost_measurements`` and ``args``)."""
+        """The run ended: :meth:`finish`, :meth:`end_run` and :meth:`ray_events_read`, now."""
+        self.finish()
+        ts = self.writer.now()
+        self.end_run(ts, args)
+        self.ray_events_read(ts)
+
+    def finish(self) -> None:
+        """The run ended: every stage, the last memory counters."""
         self.stages.write_all()
         self.memory.settle(None)
+
+    def end_run(self, ts: int | None, args: dict[str, Any] | None = None) -> None:
+        """The end of the run's slice at ``ts`` (now if None), with ``lost_measurements``
+        and ``args``."""
         end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
+        self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
+
+    def ray_events_read(self, ts: int | None) -> None:
+        """The producer of Ray's events is done: how many executions lack them, and how
+        many events Ray says it dropped, on an instant at ``ts`` (the run's end).
+
+        Not on the run's slice: Ray's last events come after the run's end, and
+        the run's slice ends when the run does (a producer reads them after).
+        """
         if self._ray.enabled:
-            end_args[L.ARG_RAY_EVENTS_MISSING] = self._ray.missing
-            end_args[L.ARG_RAY_EVENTS_DROPPED] = self._ray.dropped_by_ray
-        self.writer.end(self.loop, args={**end_args, **(args or {})})
+            self.writer.instant(
+                self.loop, L.INSTANT_RAY_EVENTS, ts, category=L.CAT_SCHEDULER,
+                args={L.ARG_RAY_EVENTS_MISSING: self._ray.missing,
+                      L.ARG_RAY_EVENTS_DROPPED: self._ray.dropped_by_ray},
+            )
 
 
 def _num(value: Any) -> int | float:

@@ -1,0 +1,101 @@
+"""Traces finished after their run returned: Ray's last events come a second late.
+
+Ray reports a task's events about a second after it ends
+(``RAY_task_events_report_interval_ms``), so the last tasks' events come
+after the run's last task. Waiting for them in the close made every run
+return that much later: +0.2-1 s, whatever the run's length (a quarter of a
+2000-task run of no-op tasks, in wall time, and the CPU that Ray's idle
+processes spend meanwhile). So the close writes everything else, and a
+thread of its own waits for Ray's last events (up to the budget,
+``TRACER_RAY_EVENTS_BUDGET_S``), draws them, ends the run's slice with the
+counts of what is missing, and closes the file.
+
+Until then the trace file is a valid trace without those last events and
+without the end of the run's slice. :func:`wait_for_traces` waits for them
+(``tracer.query`` and ``tracer summary`` call it for the trace they open in
+the same process), and the interpreter waits for them at exit.
+``TRACER_RAY_EVENTS_WAIT=1`` makes the close wait itself, as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("tracer")
+
+__all__ = ["ENV_WAIT", "close_waits", "finish_in_background", "wait_for_traces"]
+
+ENV_WAIT = "TRACER_RAY_EVENTS_WAIT"
+
+_lock = threading.Lock()
+_pending: dict[Path, threading.Thread] = {}
+_atexit_registered = False
+
+
+def close_waits() -> bool:
+    """Does the close wait for Ray's last events itself (``$TRACER_RAY_EVENTS_WAIT``)?"""
+    return os.environ.get(ENV_WAIT, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _key(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(os.fspath(path)))
+
+
+def finish_in_background(path: str | os.PathLike[str], finish: Callable[[], None]) -> None:
+    """Run ``finish`` (which completes the trace at ``path``) in a thread of its own."""
+    global _atexit_registered
+    key = _key(path)
+
+    def run() -> None:
+        try:
+            finish()
+        except Exception as exc:  # tracing never breaks the job, nor the interpreter's exit
+            logger.warning("tracer: finishing the trace %s failed: %s", key, exc)
+        finally:
+            with _lock:
+                if _pending.get(key) is threading.current_thread():
+                    del _pending[key]
+
+    with _lock:
+        earlier = _pending.get(key)
+    if earlier is not None:  # the same file traced again: the earlier run's finish first
+        earlier.join()
+    thread = threading.Thread(target=run, name=f"tracer-finish-{key.name}", daemon=True)
+    with _lock:
+        _pending[key] = thread
+        thread.start()
+        if not _atexit_registered:
+            atexit.register(wait_for_traces)
+            _atexit_registered = True
+
+
+def wait_for_traces(
+    path: str | os.PathLike[str] | None = None, timeout: float | None = None
+) -> bool:
+    """Wait until the trace at ``path`` (every trace, if None) is finished.
+
+    Returns False if ``timeout`` (seconds) passed first. Each trace takes at
+    most its budget for Ray's events (``TRACER_RAY_EVENTS_BUDGET_S``, 2 s by
+    default) and a read's timeout after its run returned.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _lock:
+            if path is None:
+                threads = list(_pending.values())
+            else:
+                one = _pending.get(_key(path))
+                threads = [one] if one is not None else []
+        if not threads:
+            return True
+        for thread in threads:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(left)
+            if thread.is_alive():
+                return False
