@@ -40,12 +40,21 @@ def _traced(ray_cluster: Any, tmp_path: Path) -> Iterator[Path]:
 
 
 def test_executions_on_both_nodes_where_they_ran(_traced: Path) -> None:
-    rows = (
-        ray.data.range(BLOCKS, override_num_blocks=BLOCKS)
-        .map_batches(slow_where, ray_remote_args_fn=lambda: {"scheduling_strategy": "SPREAD"})
-        .take_all()
-    )
-    ran = {r["id"]: (r["node"], r["pid"]) for r in rows}
+    for _ in range(3):
+        rows = (
+            ray.data.range(BLOCKS, override_num_blocks=BLOCKS)
+            .map_batches(
+                slow_where, ray_remote_args_fn=lambda: {"scheduling_strategy": "SPREAD"}
+            )
+            .take_all()
+        )
+        ran = {r["id"]: (r["node"], r["pid"]) for r in rows}
+        if len({node for node, _ in ran.values()}) == 2:
+            break
+        # Ray ran every block on one node (it did once, in a full suite on a loaded
+        # machine): this test's subject is a trace of two nodes, so run again.
+        for path in _traced.glob("*.perfetto-trace"):
+            path.unlink()
     assert len({node for node, _ in ran.values()}) == 2, ran
 
     model, rt = load_data_trace(only_trace(_traced))
