@@ -125,7 +125,10 @@ def test_peaks_follow_the_data(rt: RunnerTrace) -> None:
         assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_HEAP_PEAK]
         assert e.args[L.ARG_RSS_PEAK] > 0 and e.args[L.ARG_ALLOCATIONS] >= 0
     peak = {name: [e.args[L.ARG_HEAP_PEAK] for e in _executions(rt, name)] for name in INPUT}
-    slack = MIB  # the interpreter's and Ray's own allocations (other threads) during a task
+    # The interpreter's and Ray's own allocations (other threads) during a task: Ray's
+    # threads allocate up to 1 MiB at once (a CI run saw a make task at 4 MiB + 1 MiB
+    # + 33 bytes: one such block, and the task's own few bytes).
+    slack = MIB + 64 * 1024
     # Making the partition allocates it once.
     assert all(SIZE <= p <= SIZE + slack for p in peak["make"]), peak["make"]
     # The input is deserialised before the task body runs: identity allocates ~nothing.
