@@ -158,6 +158,27 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     assert fact.worker_pid > 0 and len(fact.node_id) == 56 and fact.name == "noop"
 
 
+class _Counting:
+    """The real GCS query, counting the job and one-task queries asked of it."""
+
+    name = "gcs"
+
+    def __init__(self, gcs: GcsQuery, calls: list[str]) -> None:
+        self._gcs = gcs
+        self.calls = calls
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        self.calls.append("job")
+        return self._gcs.job(job_id, timeout)
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        self.calls.append("task")
+        return self._gcs.task(task_id, timeout)
+
+    def close(self) -> None:
+        pass  # the test closes its GcsQuery
+
+
 def test_the_cheaper_query_is_chosen_by_measured_cost(
     ray_local: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,21 +191,7 @@ def test_the_cheaper_query_is_chosen_by_measured_cost(
     calls: list[str] = []
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
 
-    class Counting:
-        name = "gcs"
-
-        def job(self, job_id: bytes, timeout: float) -> Reply:
-            calls.append("job")
-            return gcs.job(job_id, timeout)
-
-        def task(self, task_id: bytes, timeout: float) -> Reply:
-            calls.append("task")
-            return gcs.task(task_id, timeout)
-
-        def close(self) -> None:
-            gcs.close()
-
-    source = RayEventSource(_job_id(), [Counting()])
+    source = RayEventSource(_job_id(), [_Counting(gcs, calls)])
     source.read(ids)
     assert calls == ["job"]  # its cost is unknown until measured
     source._job_s = 1.0  # a job whose events take a second to read: per task is cheaper
@@ -203,8 +210,9 @@ def test_the_cheaper_query_is_chosen_by_measured_cost(
     source._job_s = 1.0
     source.read_each(ids[:1])  # any read records what was measured
     calls.clear()
-    RayEventSource(_job_id(), [Counting()]).read(ids)
+    RayEventSource(_job_id(), [_Counting(gcs, calls)]).read(ids)
     assert calls == ["task"] * 3
+    gcs.close()
 
 
 def test_switched_off_nothing_is_read(
@@ -387,22 +395,8 @@ def test_the_close_reads_the_job_once_the_probes_say_ray_has_it_all(
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
     calls: list[str] = []
 
-    class Counting:
-        name = "gcs"
-
-        def job(self, job_id: bytes, timeout: float) -> Reply:
-            calls.append("job")
-            return gcs.job(job_id, timeout)
-
-        def task(self, task_id: bytes, timeout: float) -> Reply:
-            calls.append("task")
-            return gcs.task(task_id, timeout)
-
-        def close(self) -> None:
-            pass
-
     monkeypatch.setattr(ray_events, "_MEASURED", {})
-    monkeypatch.setattr(ray_events, "_sources", lambda: [Counting()])
+    monkeypatch.setattr(ray_events, "_sources", lambda: [_Counting(gcs, calls)])
     monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "5")
     path = tmp_path / "probes.perfetto-trace"
     Pipeline(list(range(30)), [Stage("neg", _neg)]).run(

@@ -5,9 +5,10 @@ Ray reports a task's events to the GCS about a second after they happen
 flusher thread at its flushes (never by the dispatch loop), no more often
 than every ``MIN_INTERVAL_S`` and never spending more than ~5% of the time
 reading (a read that took 50 ms waits a second before the next), and at the
-close, which waits for the last ones up to a budget
-(``TRACER_RAY_EVENTS_BUDGET_S``, 2 s by default) and then says on the
-execution slice how many executions lack them (``ray_events_missing``).
+close (after the run returned, see :mod:`tracer.ray.finishing`), which waits
+for the last ones up to a budget (``TRACER_RAY_EVENTS_BUDGET_S``, 2 s by
+default); the timeline then says how many executions lack them
+(``ray_events_missing``, on the ``Ray's events read`` instant).
 
 A read of the job sends every task Ray holds of it, wanted or not (Ray's
 filters cannot say "since"), so reads are rationed by what they would send:
@@ -16,6 +17,7 @@ it (each task is then sent a bounded number of times, however long the run),
 and the close, instead of reading the job every 0.2 s until the last events
 came, asks for each worker's last execution alone until Ray has them, then
 reads the job once.
+
 Reading goes through :mod:`tracer.ray.ray_events`; drawing through the run
 timeline. ``TRACER_RAY_EVENTS=0`` turns the channel off.
 """
@@ -138,10 +140,10 @@ class RayEventsChannel:
         """Wait up to the budget for the last events, draw what came, stop reading."""
         budget = close_budget_s() if budget_s is None else budget_s
         deadline = time.monotonic() + budget
-        # The caller holds the tracer's lock, and a flusher's read still under way (its
-        # join timed out) holds _reading and then waits for that lock: waiting for
-        # _reading without a limit would deadlock the run. Past the budget the close
-        # goes on without a last read; the late read then draws nothing (_closed).
+        # A flusher's read still under way (its join timed out) holds _reading; a caller
+        # holding the tracer's lock (which that read then waits for) would deadlock
+        # waiting for _reading without a limit. Past the budget the close goes on
+        # without a last read; the late read then draws nothing (_closed).
         got = self._reading.acquire(timeout=max(budget, 0.0))
         try:
             # Reading everything wanted costs what the job holds, every time; asking for

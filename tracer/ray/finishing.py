@@ -5,13 +5,14 @@ Ray reports a task's events about a second after it ends
 after the run's last task. Waiting for them in the close made every run
 return that much later: +0.2-1 s, whatever the run's length (a quarter of a
 2000-task run of no-op tasks, in wall time, and the CPU that Ray's idle
-processes spend meanwhile). So the close writes everything else, and a
-thread of its own waits for Ray's last events (up to the budget,
-``TRACER_RAY_EVENTS_BUDGET_S``), draws them, ends the run's slice with the
-counts of what is missing, and closes the file.
+processes spend meanwhile). So the close writes everything else (the
+run's slice ends when the run did), and a thread of its own waits for Ray's
+last events (up to the budget, ``TRACER_RAY_EVENTS_BUDGET_S``), draws them,
+writes the counts of what is missing (the ``Ray's events read`` instant)
+and closes the file.
 
-Until then the trace file is a valid trace without those last events and
-without the end of the run's slice. :func:`wait_for_traces` waits for them
+Until then the trace file is a complete, valid trace without those last
+events. :func:`wait_for_traces` waits for them
 (``tracer.query`` and ``tracer summary`` call it for the trace they open in
 the same process), and the interpreter waits for them at exit.
 ``TRACER_RAY_EVENTS_WAIT=1`` makes the close wait itself, as before.
