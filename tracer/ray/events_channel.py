@@ -34,10 +34,22 @@ from tracer.ray.timeline import RayTaskEvents, RunTimeline
 
 logger = logging.getLogger("tracer")
 
-__all__ = ["ENV_BUDGET", "ENV_SWITCH", "RayEventsChannel"]
+__all__ = [
+    "ENV_BUDGET",
+    "ENV_EXECUTIONS",
+    "ENV_SWITCH",
+    "SOURCE_RAY_EVENTS",
+    "SOURCE_RETURNS",
+    "RayEventsChannel",
+    "executions_source",
+]
 
 ENV_SWITCH = "TRACER_RAY_EVENTS"
 ENV_BUDGET = "TRACER_RAY_EVENTS_BUDGET_S"
+#: Where level 1's executions come from: the return channel (the default) or Ray's events.
+ENV_EXECUTIONS = "TRACER_EXECUTIONS"
+SOURCE_RAY_EVENTS = "ray_events"
+SOURCE_RETURNS = "returns"
 DEFAULT_BUDGET_S = 2.0
 #: Reads at flushes are at least this far apart ...
 MIN_INTERVAL_S = 1.0
@@ -57,6 +69,35 @@ _PROBES = 16
 
 def enabled_by_env() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def executions_source() -> str:
+    """Where level 1's executions come from (``$TRACER_EXECUTIONS``).
+
+    ``returns`` (the default): each traced task returns its measurements as
+    one extra value, read when the runner receives it. Executions are drawn
+    at once; the tracer finds failed tasks itself (``tasks_received_as_ready``
+    returns them, with the attempts Ray made).
+
+    ``ray_events``: from Ray's own task events, with the RSS in a profile
+    event of the task's; no value of ours travels back with the task. On
+    2000 no-op tasks that is most of level 1's cost (benchmarks/README.md),
+    but executions are drawn a second or more late (the trace's stages end
+    once theirs are in: read it after :func:`~tracer.ray.wait_for_traces`),
+    a failure is drawn from Ray's events (as Ray's error type) rather than
+    returned to the runner, and an execution whose events Ray never sends
+    (its caps) is counted missing.
+    """
+    raw = os.environ.get(ENV_EXECUTIONS, "").strip().lower()
+    if raw in ("", SOURCE_RETURNS, "return", "return_channel"):
+        return SOURCE_RETURNS
+    if raw in (SOURCE_RAY_EVENTS, "ray-events", "events"):
+        return SOURCE_RAY_EVENTS
+    logger.warning(
+        "tracer: ignoring %s=%r (valid: %s, %s)", ENV_EXECUTIONS, raw, SOURCE_RETURNS,
+        SOURCE_RAY_EVENTS,
+    )
+    return SOURCE_RETURNS
 
 
 def close_budget_s() -> float:

@@ -89,7 +89,10 @@ class Failures:
         upstream = self._seen.get(text_key) if cause is not error else None
         if metrics is not None:
             own = (
-                measured_itself(metrics, task.task_id, task.metrics_ref)
+                measured_itself(
+                    metrics, task.task_id,
+                    task.metrics_ref if task.metrics_ref is not None else task.ray_task,
+                )
                 if task is not None
                 else str(metrics.get("task_id", task_id)) == str(task_id)
             )

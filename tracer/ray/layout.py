@@ -188,12 +188,15 @@ ARG_BLOCKS_OUT = "blocks_out"
 ARG_ROWS_OUT = "rows_out"
 ARG_BYTES_OUT = "bytes_out"
 ARG_REASON = "reason"
-#: On the execution slice (END, at close), when Ray's events were read: how
-#: many executions got no Ray events (never arrived within the close's
+#: On the ``INSTANT_RAY_EVENTS`` instant (at the run's end), when Ray's events
+#: were read: how many executions got no Ray events (never arrived within the close's
 #: budget, or dropped by Ray's caps), and how many events Ray said it dropped
 #: for the run's job (``RAY_task_events_max_num_task_in_gcs`` and others).
 ARG_RAY_EVENTS_MISSING = "ray_events_missing"
 ARG_RAY_EVENTS_DROPPED = "ray_events_dropped"
+#: On the same instant: executions that were to be drawn from Ray's events (level 1
+#: without a return channel) and were not, their events never having come.
+ARG_EXECUTIONS_MISSING = "executions_missing"
 
 # Memory annotations (bytes). On execution slices:
 #: What the task asked Ray for (``memory=``); 0 means no request.

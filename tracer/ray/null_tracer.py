@@ -152,6 +152,9 @@ class NullRunnerTracer:
     def register_metrics_ref(self, task_id: str, ref: Any) -> None:
         pass
 
+    def register_ray_task(self, task_id: str, ref: Any) -> None:
+        pass
+
     def task_not_ready(self, task_id: str) -> None:
         pass
 

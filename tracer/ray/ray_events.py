@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from tracer.ray import layout as L
+from tracer.ray.task_metrics import RAY_EVENT_NAME, unpack_rss
 from tracer.ray.timeline import RayTaskEvents
 
 logger = logging.getLogger("tracer")
@@ -370,18 +371,36 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
         key=lambda s: s[1],
     )
     span: tuple[int, int] | None = None
+    measured: tuple[int, int] | None = None
+    rss: tuple[int, int, int] | None = None
+    reported_error: tuple[str, str] | None = None
     phases: list[tuple[str, int, int]] = []
-    name = ev.task_info.name if ev.HasField("task_info") else ""
+    has_info = ev.HasField("task_info")
+    name = ev.task_info.name if has_info else ""
     for p in ev.profile_events.events:
         if p.event_name.startswith("task::"):
             span = (int(p.start_time), int(p.end_time))
             name = name or p.event_name[len("task::"):]
         elif p.event_name in _PHASES:
             phases.append((_PHASES[p.event_name], int(p.start_time), int(p.end_time)))
+        elif p.event_name == RAY_EVENT_NAME:
+            measured = (int(p.start_time), int(p.end_time))
+            figures = unpack_rss(p.extra_data)
+            if figures:
+                rss = (figures["rss_start"], figures["rss_end"], figures["rss_peak"])
+                if "error_type" in figures:
+                    reported_error = (figures["error_type"], figures["error"][:500])
     phases.sort(key=lambda p: p[1])
     node_id = updates.node_id.hex() if updates.node_id else ""
-    if not node_id and ev.HasField("task_info") and ev.task_info.node_id:
+    if not node_id and has_info and ev.task_info.node_id:
         node_id = ev.task_info.node_id.hex()
+    error_type = error = ""
+    if updates.HasField("error_info"):
+        error_type = _error_type(int(updates.error_info.error_type))
+        error = updates.error_info.error_message[:500]
+    if reported_error is not None:  # the body's own exception: what the task raised
+        error_type, error = reported_error
+    resources = tuple(sorted(ev.task_info.required_resources.items())) if has_info else ()
     return RayTaskEvents(
         ray_task_id=task_id,
         attempt=int(ev.attempt_number),
@@ -391,5 +410,30 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
         states=tuple(states),
         span=span,
         phases=tuple(phases),
+        measured=measured,
+        rss=rss,
+        error_type=error_type,
+        error=error,
+        resources=resources,
     )
 
+
+#: Ray's ErrorType names that have an exception class of their own, by that class's name:
+#: what a failure read from the task's return value or error would have said.
+_ERROR_CLASSES = {
+    "TASK_CANCELLED": "TaskCancelledError",
+    "OUT_OF_MEMORY": "OutOfMemoryError",
+    "WORKER_DIED": "WorkerCrashedError",
+    "NODE_DIED": "NodeDiedError",
+    "TASK_EXECUTION_EXCEPTION": "RayTaskError",
+}
+
+
+def _error_type(code: int) -> str:
+    try:
+        from ray.core.generated import common_pb2
+
+        name = str(common_pb2.ErrorType.Name(code))
+    except Exception:
+        return f"ray error {code}"
+    return _ERROR_CLASSES.get(name, name)

@@ -14,22 +14,16 @@ for, until the close).
 Every wait has a timeout: measurements that do not come are recorded as
 lost, never waited for by the run.
 
-Why level 1 keeps this channel rather than taking each execution's node,
-worker, start and end from Ray's own task events (issue 21, measured in
-benchmarks/bench_level1.py, numbers in benchmarks/README.md): the channel
-costs ~115-185 µs of CPU per task across all processes (+4-7% of an
-untraced no-op task's), while reading Ray's events costs more (~235 µs per
-task in a fresh job; the GCS's ``GetTaskEvents`` answers with the whole
-job's events, so each read grows with the job's history: ~1.5 ms per task
-across processes in a driver that ran many pipelines). Dropping the channel
-where the events are read anyway would save ~4%, not clearly a win, since
-Ray's events are also sometimes missing (an execution would then be lost),
-they arrive a second or more late (an execution could only be drawn then,
-and the close waits for them), Ray drops them past its caps, and they carry
-no memory figures: level 2's memray peaks, the RSS peak and failed attempts'
-measurements would need this channel anyway. Ray's events are drawn next to
-the channel's executions instead (tracer.ray.events_channel), never instead
-of them.
+Level 1 may instead take its executions from Ray's own task events
+(``TRACER_EXECUTIONS=ray_events``: :mod:`tracer.ray.timeline.awaited`,
+with the RSS in a profile event of the task's, see
+:func:`tracer.ray.task_metrics.run_reported_to_ray`): no extra return value
+at all, most of level 1's cost on small tasks (benchmarks/README.md). This
+channel stays the default because what it brings at once, Ray's events
+bring a second or more later and not to the runner: the tracer finds failed
+tasks in it (and returns them from ``tasks_received_as_ready``), with the
+attempts Ray made and the task an input failure came from; level 2's memray
+figures and failed attempts' measurements come only this way.
 """
 
 from __future__ import annotations
@@ -195,9 +189,11 @@ class ReturnChannel:
 
 
 def ray_task_id(ref: Any) -> str:
-    """Ray's id (hex) of the task that returns ``ref`` ("" if it cannot tell)."""
+    """Ray's id (hex) of the task that returns ``ref``, or of ``ref`` if it is a TaskID
+    ("" if it cannot tell)."""
     try:
-        return str(ref.task_id().hex())
+        task_id = ref.task_id() if hasattr(ref, "task_id") else ref
+        return str(task_id.hex())
     except Exception:
         return ""
 

@@ -15,7 +15,7 @@ __all__ = ["RunnerTask"]
 class RunnerTask(TimelineTask):
     """A task of the runner tracer: its timeline state, and where its measurements are."""
 
-    __slots__ = ("metrics", "metrics_ref", "received_ts")
+    __slots__ = ("metrics", "metrics_ref", "ray_task", "received_ts")
 
     def __init__(
         self, task_id: str, stage_id: Any, lane: Track, flow: int, request: ResourceRequest
@@ -25,5 +25,8 @@ class RunnerTask(TimelineTask):
         self.metrics_ref: Any = None
         #: Measurements fetched in a batch, not yet written.
         self.metrics: Metrics | None = None
+        #: Ray's TaskID of a task that reports through Ray's events (no return channel):
+        #: its execution is drawn from them once it ended.
+        self.ray_task: Any = None
         #: When the runner saw it ready (its slices end then, once its batch completes).
         self.received_ts = 0

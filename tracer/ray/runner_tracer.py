@@ -12,8 +12,11 @@ there, not here). Where things live:
   cancelled, stages done) and the trace's lifecycle (flushing, closing,
   stopping after an error): here;
 * the measurement channels: :mod:`tracer.ray.return_channel` (each traced
-  task's last return value) and :mod:`tracer.ray.actor_channel` (the
-  metrics actor, for tasks that measure themselves and failed attempts);
+  task's last return value), :mod:`tracer.ray.actor_channel` (the metrics
+  actor, for tasks that measure themselves and failed attempts) and, at
+  level 1 with ``TRACER_EXECUTIONS=ray_events``, Ray's own events
+  (:mod:`tracer.ray.events_channel`: the tasks report to Ray, and their
+  executions are drawn once Ray's events bring them);
 * what a failure was, and the attempts Ray made: :mod:`tracer.ray.failures`.
 
 **Lost measurements.** Every wait on Ray has a timeout. Measurements that do
@@ -46,7 +49,11 @@ from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 from tracer.ray import layout as L
 from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
-from tracer.ray.events_channel import RayEventsChannel
+from tracer.ray.events_channel import (
+    SOURCE_RAY_EVENTS,
+    RayEventsChannel,
+    executions_source,
+)
 from tracer.ray.failures import Failures
 from tracer.ray.finishing import close_waits, finish_in_background
 from tracer.ray.flusher import Flusher
@@ -135,6 +142,11 @@ class RunnerTracer(LoopCalls):
                 self._ray_events = RayEventsChannel.start(timeline, self._lock)
             except Exception as exc:  # private Ray API: never a reason not to trace
                 logger.debug("tracer: not reading Ray's task events: %s", exc)
+        #: Level 1's executions come from Ray's events, not a return value (see executions_source).
+        self.via_ray_events = (
+            level == TracingLevel.TIMELINE and metrics_actor is None
+            and self._ray_events is not None and executions_source() == SOURCE_RAY_EVENTS
+        )
         writer.flush()
         self._flusher = Flusher(self.flush, f"tracer-flush-{execution_id}")
         self._last_settle = 0
@@ -230,7 +242,7 @@ class RunnerTracer(LoopCalls):
                 if task.dispatch_ts is not None:
                     # Recorded already (by the runner, then again by the wrapper that
                     # submits it): the wrapper still gets the context, once.
-                    return task if task.metrics_ref is None else None
+                    return task if task.metrics_ref is None and task.ray_task is None else None
                 self._timeline.task_dispatched(task, self.writer.now())
                 return task
         except Exception as exc:
@@ -241,6 +253,7 @@ class RunnerTracer(LoopCalls):
         return TaskContext(
             self.execution_id, task.task_id, task.stage_id, int(self.level),
             self.memray_native_traces, self._has_actor, self.memray_all_allocations,
+            self.via_ray_events,
         )
 
     @property
@@ -254,7 +267,7 @@ class RunnerTracer(LoopCalls):
         if template is None or template.metrics_actor != self._has_actor:
             template = self._template = TaskContext(
                 self.execution_id, "", None, int(self.level), self.memray_native_traces,
-                self._has_actor, self.memray_all_allocations,
+                self._has_actor, self.memray_all_allocations, self.via_ray_events,
             )
         return template
 
@@ -269,6 +282,19 @@ class RunnerTracer(LoopCalls):
                     task.metrics_ref = ref
                     if self._actor is not None:
                         self._actor.tasks.pop(task.task_id, None)
+        except Exception as exc:
+            self._disable(exc)
+
+    def register_ray_task(self, task_id: str, ref: Any) -> None:
+        """The task reports through Ray's events: ``ref`` (one of its return values) says
+        which of Ray's tasks it is. Its execution is drawn once Ray's events bring it."""
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                task = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
+                if task is not None:
+                    task.ray_task = ref.task_id()
         except Exception as exc:
             self._disable(exc)
 
@@ -367,6 +393,12 @@ class RunnerTracer(LoopCalls):
         elif self._actor is not None and args is None and task.metrics_ref is None:
             self._actor.received(task)
         self._timeline.task_ended(task, now, args)
+        if task.ray_task is not None:
+            ray_task, task.ray_task = task.ray_task, None
+            # Received or cancelled: Ray's events say where (and whether) it ran. A failure
+            # the runner reported was drawn from its error (Failures.record).
+            if args is None or args.get(L.ARG_STATUS) == L.STATUS_CANCELLED:
+                self._timeline.await_execution(task, ray_task.hex())
         if task.metrics is not None:
             metrics, task.metrics = task.metrics, None
             self._timeline.execution(metrics, task)
@@ -561,7 +593,7 @@ class RunnerTracer(LoopCalls):
             # Never received: unfinished, its measurements not lost but not yet there.
             if self._actor is not None:
                 self._actor.tasks.pop(task.task_id, None)
-            task.metrics_ref = None
+            task.metrics_ref = task.ray_task = None
             self._finish_task(task, now, {L.ARG_STATUS: L.STATUS_UNFINISHED})
         self._tasks.clear()
         if self._actor is not None:

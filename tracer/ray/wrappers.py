@@ -1,7 +1,8 @@
 """Wrappers that let a runner's own Ray calls feed the tracer.
 
 They mirror Daft's: a remote-function wrapper that records dispatch (and
-carries the task's measurements back as one extra return value), a plan
+has the task report its measurements: as one extra return value, or at
+level 1 in one profile event of Ray's own, see ``RunnerTracer``), a plan
 wrapper that records task creation and plan polling, and a ``ray.wait``
 wrapper that records tasks received as ready.
 """
@@ -16,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import ray
 
 from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
-from tracer.ray.task_metrics import TaskContext, run_traced
+from tracer.ray.task_metrics import TaskContext, run_reported_to_ray, run_traced
 
 T = TypeVar("T")
 
@@ -43,19 +44,21 @@ def _traced_remote(remote_fn: Any, ctx: TaskContext, num_returns: int) -> Any:
     execution_id = ctx.execution_id if ctx.metrics_actor else ""
     key = (
         id(remote_fn), execution_id, ctx.level, ctx.memray_native_traces, ctx.metrics_actor,
-        ctx.memray_all_allocations, num_returns,
+        ctx.memray_all_allocations, ctx.via_ray_events, num_returns,
     )
     cached = _TRACED.get(key)
     if cached is not None and cached[0] is remote_fn:
         return cached[1]
     fn = remote_fn._function
-    template = TaskContext(
-        execution_id, "", None, ctx.level, ctx.memray_native_traces, ctx.metrics_actor,
-        ctx.memray_all_allocations,
-    )
+    template = dataclasses.replace(ctx, execution_id=execution_id, task_id="", stage_id=None)
 
     traced: Callable[..., Any]
-    if ctx.metrics_actor:
+    if ctx.via_ray_events:
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return run_reported_to_ray(fn, template, args, kwargs)
+
+    elif ctx.metrics_actor:
 
         def traced(__tracer_task_id: str, *args: Any, **kwargs: Any) -> Any:
             return run_traced(fn, template.for_task(__tracer_task_id), num_returns, args, kwargs)
@@ -98,6 +101,7 @@ def _traced_call(f: Any, options: dict[str, Any], ctx: TaskContext) -> tuple[Any
         key: tuple[Any, ...] | None = (
             id(f), tuple(options.items()), ctx.metrics_actor and ctx.execution_id, ctx.level,
             ctx.memray_native_traces, ctx.metrics_actor, ctx.memray_all_allocations,
+            ctx.via_ray_events,
         )
         cached = _CALLS.get(key)  # type: ignore[arg-type]
     except TypeError:  # an unhashable option value (a dict, a strategy object)
@@ -108,7 +112,8 @@ def _traced_call(f: Any, options: dict[str, Any], ctx: TaskContext) -> tuple[Any
     if n is None:
         return None
     traced = _traced_remote(f, ctx, n)
-    optioned = _with_options(traced, {**options, "num_returns": n + 1})
+    extra = 0 if ctx.via_ray_events else 1  # the return channel's value
+    optioned = _with_options(traced, {**options, "num_returns": n + extra})
     if key is not None:
         if len(_CALLS) >= 1024:
             _CALLS.clear()
@@ -159,6 +164,9 @@ class RayRunnableFunctionWrapper:
                     refs = traced.remote(self.task_id, *args, **kwargs)
                 else:
                     refs = traced.remote(*args, **kwargs)
+                if ctx.via_ray_events:
+                    tracer.register_ray_task(self.task_id, refs if n == 1 else refs[0])
+                    return refs
                 tracer.register_metrics_ref(self.task_id, refs[-1])
                 return refs[0] if n == 1 else refs[:-1]
         return _with_options(self.f, self.options_).remote(*args, **kwargs)

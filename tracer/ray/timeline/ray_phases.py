@@ -47,7 +47,12 @@ class RayTaskEvents:
     ``states``: Ray's scheduling states (``layout.STATE_*`` names) with the
     time each began, in time order. ``span``: Ray's whole handling of the task
     in its worker, None when the worker's events have not arrived; ``phases``:
-    ``(layout.PHASE_*, start, end)`` within it.
+    ``(layout.PHASE_*, start, end)`` within it. ``measured``: the span of
+    the task's body as the tracer's own profile event timed it, with the
+    RSS it reported (``rss``: start, end, peak), when the task reported to
+    Ray (level 1's executions drawn from Ray's events). ``error_type`` and
+    ``error``: why the attempt failed, as Ray says; ``resources``: what the
+    task asked Ray for.
     """
 
     ray_task_id: str
@@ -58,11 +63,26 @@ class RayTaskEvents:
     states: tuple[tuple[str, int], ...] = ()
     span: tuple[int, int] | None = None
     phases: tuple[tuple[str, int, int], ...] = ()
+    measured: tuple[int, int] | None = None
+    rss: tuple[int, int, int] | None = None
+    error_type: str = ""
+    error: str = ""
+    resources: tuple[tuple[str, float], ...] = ()
 
     @property
     def ended(self) -> bool:
         """Ray has recorded the attempt's end (FINISHED or FAILED)."""
         return any(s in (L.STATE_FINISHED, L.STATE_FAILED) for s, _ in self.states)
+
+    @property
+    def failed_at(self) -> int | None:
+        """When Ray recorded the attempt failed (None: it did not)."""
+        return next((ts for s, ts in self.states if s == L.STATE_FAILED), None)
+
+    @property
+    def ran(self) -> bool:
+        """A worker started the attempt (Ray recorded it running, or its phases)."""
+        return self.span is not None or any(s == L.STATE_RUNNING for s, _ in self.states)
 
 
 class _Expected:

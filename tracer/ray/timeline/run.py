@@ -49,6 +49,7 @@ from tracer.format import CounterTrack, TraceWriter, Track
 from tracer.ray import layout as L
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
+from tracer.ray.timeline.awaited import Awaited, measurements
 from tracer.ray.timeline.memory import MemoryTrace
 from tracer.ray.timeline.nodes import Nodes
 from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
@@ -168,6 +169,7 @@ class RunTimeline:
         self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
         self._ray = RayPhases(w, self.nodes)
+        self._awaited = Awaited()  # executions Ray's events will bring (see .awaited)
         # Free lanes with the time they were released: a lane is reused only by a
         # task created after that, so its slices never overlap the last ones, even
         # when those end late (at their receipt time) in the file.
@@ -460,7 +462,10 @@ class RunTimeline:
 
     def settle(self, watermark: int | None) -> None:
         """Write memory counters up to ``watermark``: no execution still to come starts
-        before it (None: all, at the end)."""
+        before it (None: all, at the end), nor any awaited from Ray's events."""
+        since = self._awaited.since()
+        if since is not None and (watermark is None or since < watermark):
+            watermark = since
         self.memory.settle(watermark)
 
     # ------------------------------------------------------------ Ray's events
@@ -469,13 +474,24 @@ class RunTimeline:
         """A producer will bring Ray's events: executions drawn from now on wait for theirs."""
         self._ray.enabled = True
 
+    def await_execution(self, task: TimelineTask, ray_task_id: str) -> None:
+        """The task ended; its executions are to be drawn from Ray's events (see .awaited).
+
+        Needs a producer of Ray's events (:meth:`expect_ray_events`).
+        """
+        self._awaited.add(task, ray_task_id)
+
     def ray_events_wanted(self) -> list[str]:
-        """Ray task ids of drawn executions whose Ray events have not been drawn yet."""
-        return self._ray.wanted()
+        """Ray task ids whose events are wanted: awaited executions, and drawn executions
+        whose Ray events have not been drawn yet."""
+        if not self._awaited:
+            return self._ray.wanted()
+        return list(dict.fromkeys(self._awaited.wanted() + self._ray.wanted()))
 
     def ray_events_probes(self, limit: int = 16) -> list[str]:
-        """Of those, the last execution of each worker (see :meth:`.RayPhases.probes`)."""
-        return self._ray.probes(limit)
+        """Of those, the tasks received last and each worker's last execution (see
+        :meth:`.RayPhases.probes`)."""
+        return list(dict.fromkeys(self._awaited.probes(limit) + self._ray.probes(limit)))
 
     def ray_events(
         self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
@@ -486,14 +502,40 @@ class RunTimeline:
         count of events Ray says it dropped, said on the execution slice.
         """
         self._ray.dropped_by_ray = max(self._ray.dropped_by_ray, dropped_by_ray)
+        if self._awaited:
+            for task, attempts in self._awaited.settle(events, final):
+                self._draw_awaited(task, attempts)
         return self._ray.draw(events, final)
+
+    def _draw_awaited(self, task: TimelineTask, attempts: list[RayTaskEvents]) -> None:
+        """The executions of an awaited task, one per attempt that ran a body; a mark
+        where an attempt failed without one (its worker killed)."""
+        for ev in attempts:
+            m = measurements(ev)
+            if m is not None:
+                self.execution(m, task)  # its phases are drawn with it (expected now)
+            elif ev.failed_at is not None and ev.ran and (ev.worker_pid or ev.node_id):
+                cancelled = ev.error_type in CANCEL_ERRORS
+                self.mark(
+                    self.locate(ev.node_id or None, ev.worker_pid),
+                    L.INSTANT_TASK_CANCELLED if cancelled else L.INSTANT_TASK_FAILED,
+                    ev.failed_at,
+                    {L.ARG_TASK_ID: task.task_id, L.ARG_ERROR_TYPE: ev.error_type,
+                     L.ARG_ERROR: ev.error},
+                )
+        stage = self.stages.get(task.stage_id)
+        if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
+            self.stages.write(stage)
 
     # ------------------------------------------------------------ stages, end
 
     def stage_done(self, stage_id: Any) -> None:
         """Write the stage's slice and arrows now (the producer knows no more will come)."""
         stage = self.stages.get(stage_id)
-        if stage is not None:
+        if stage is None:
+            return
+        stage.done = True
+        if not self._awaited.waiting_in(stage_id):  # else once its last one is drawn
             self.stages.write(stage)
 
     def close(self, args: dict[str, Any] | None = None) -> None:
@@ -504,9 +546,15 @@ class RunTimeline:
         self.ray_events_read(ts)
 
     def finish(self) -> None:
-        """The run ended: every stage, the last memory counters."""
-        self.stages.write_all()
-        self.memory.settle(None)
+        """The run ended: every stage, the last memory counters; but for what awaits
+        executions from Ray's events (:meth:`ray_events_read` writes it)."""
+        if not self._awaited:
+            self.stages.write_all()
+        else:
+            for stage in list(self.stages.by_id.values()):
+                if not self._awaited.waiting_in(stage.stage_id):
+                    self.stages.write(stage)
+        self.settle(None)
 
     def end_run(self, ts: int | None, args: dict[str, Any] | None = None) -> None:
         """The end of the run's slice at ``ts`` (now if None), with ``lost_measurements``
@@ -521,11 +569,16 @@ class RunTimeline:
         Not on the run's slice: Ray's last events come after the run's end, and
         the run's slice ends when the run does (a producer reads them after).
         """
+        # What waited for executions from Ray's events is written now, with or without them.
+        self._awaited.give_up()
+        self.finish()
         if self._ray.enabled:
+            args = {L.ARG_RAY_EVENTS_MISSING: self._ray.missing + self._awaited.missing,
+                    L.ARG_RAY_EVENTS_DROPPED: self._ray.dropped_by_ray}
+            if self._awaited.missing:
+                args[L.ARG_EXECUTIONS_MISSING] = self._awaited.missing
             self.writer.instant(
-                self.loop, L.INSTANT_RAY_EVENTS, ts, category=L.CAT_SCHEDULER,
-                args={L.ARG_RAY_EVENTS_MISSING: self._ray.missing,
-                      L.ARG_RAY_EVENTS_DROPPED: self._ray.dropped_by_ray},
+                self.loop, L.INSTANT_RAY_EVENTS, ts, category=L.CAT_SCHEDULER, args=args
             )
 
 

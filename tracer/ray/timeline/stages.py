@@ -27,6 +27,7 @@ class Stage:
     """One stage's slice in the making."""
 
     __slots__ = (
+        "done",
         "first_ts",
         "last_ts",
         "name",
@@ -52,6 +53,8 @@ class Stage:
         self.peaks: list[int] = []
         self.over_request = 0
         self.written = False
+        #: The producer said no more tasks will come (its summary may wait for executions).
+        self.done = False
 
 
 class Stages:
