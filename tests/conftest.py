@@ -21,6 +21,7 @@ run's own (``RAY_TMPDIR``), watched by that plugin.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,20 @@ def _worker_env() -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(folders + ([old] if old else []))}}
 
 
+def _interruptible_workers() -> None:
+    """Let the Ray processes this one starts be interrupted, as ``ray.cancel`` needs.
+
+    Ray cancels a running task by interrupting its worker's main thread
+    (``_thread.interrupt_main``), which does nothing where SIGINT is ignored;
+    and Ray's processes inherit that from this one. A shell ignores SIGINT in
+    the commands it runs in the background (``pytest ... &``): the tests of
+    cancelling then failed there, and only there. A handled signal is reset
+    to its default at exec, so the workers get Python's own handler again.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class RayManager:
     """Owns this process's Ray connection: the local instance or the two-node cluster."""
 
@@ -70,6 +85,7 @@ class RayManager:
         if self.mode == "local" and ray.is_initialized():
             return
         self.shutdown()
+        _interruptible_workers()
         ray.init(
             address="local",  # always a new local instance, never a cluster already running
             num_cpus=2,
@@ -87,6 +103,7 @@ class RayManager:
         if self.mode == "cluster" and ray.is_initialized():
             return self.cluster
         self.shutdown()
+        _interruptible_workers()
         cluster = Cluster(
             initialize_head=True,
             head_node_args={

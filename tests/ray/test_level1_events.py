@@ -95,6 +95,13 @@ def test_executions_come_from_rays_events_with_node_worker_and_rss(
         assert stage.args[L.ARG_MEMORY_PEAK]["min"] > 8 << 20
     assert _read_counts(model)[L.ARG_RAY_EVENTS_MISSING] == 0
     assert L.ARG_EXECUTIONS_MISSING not in _read_counts(model)
+    # The memory counters, written once the executions came: each worker's RSS (at
+    # every execution's start and end) and each node's summed task peaks.
+    counters: dict[str, list[int]] = {}
+    for c in model.counters:
+        counters.setdefault(model.tracks[c.track_uuid].name, []).append(int(c.value))
+    assert len(counters[L.COUNTER_WORKER_RSS]) >= 2
+    assert max(counters[L.COUNTER_NODE_MEMORY_USED]) > 8 << 20
 
 
 def _fail_odd(x: int) -> int:
