@@ -1,4 +1,4 @@
-"""Where level 1's cost is, and what taking executions from Ray's events would save.
+"""Where level 1's cost is: executions from Ray's events against the return channel.
 
 Run by hand (it is not a test), from the project root:
 
@@ -9,15 +9,18 @@ Variants of one run of ``tracer.runner.Pipeline`` on ``--tasks`` no-op tasks,
 interleaved and rotated in every repetition (medians, min and max):
 
 * ``0``       untraced;
-* ``1``       level 1 as shipped: the return channel (each task's extra
-  return value with its measurements) and Ray's events read in the
-  background;
-* ``1-noev``  level 1 without reading Ray's events (``TRACER_RAY_EVENTS=0``):
-  the difference to ``1`` is what reading them costs;
-* ``1-plain`` level 1 with tasks submitted as they are, no extra return value
-  and nothing measured in the worker (the timeline of the loop and the task
-  slices only): the floor of a level 1 whose executions would come from
-  Ray's events instead (``1-plain`` + (``1`` - ``1-noev``) estimates it).
+* ``1``       level 1 as shipped (the default, ``TRACER_EXECUTIONS=returns``):
+  each task's extra return value with its measurements, and Ray's events
+  read in the background for the phases;
+* ``1-events`` level 1 with executions from Ray's events
+  (``TRACER_EXECUTIONS=ray_events``): node, worker, start and end from
+  them, the RSS from a profile event of the task's; no extra return value;
+* ``1-noev``  the return channel without reading Ray's events
+  (``TRACER_RAY_EVENTS=0``, which is also what level 1 falls back to when
+  Ray's events cannot be read);
+* ``1-plain`` level 1 with tasks submitted as they are, nothing measured in
+  the worker and no executions (the timeline of the loop and the task
+  slices only): the floor of any level 1.
 
 Per variant: wall time, and CPU per task in the driver, in the driver and
 every process under it (Ray's GCS, raylet and workers: the run's CPU across
@@ -50,7 +53,7 @@ from cpu_meter import busy_load, machine_busy_s, proc_cpu_s, tree_cpu_s
 from tracer.ray import wait_for_traces
 from tracer.runner import Pipeline, Stage
 
-VARIANTS = ("0", "1", "1-noev", "1-plain")
+VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain")
 
 
 @contextlib.contextmanager
@@ -59,9 +62,10 @@ def variant(name: str) -> Iterator[int]:
     if name == "0":
         yield 0
         return
-    old = os.environ.get("TRACER_RAY_EVENTS")
+    saved = {k: os.environ.get(k) for k in ("TRACER_RAY_EVENTS", "TRACER_EXECUTIONS")}
     if name == "1-noev":
         os.environ["TRACER_RAY_EVENTS"] = "0"
+    os.environ["TRACER_EXECUTIONS"] = "ray_events" if name == "1-events" else "returns"
     undo = None
     if name == "1-plain":
         from tracer.ray import wrappers
@@ -71,10 +75,11 @@ def variant(name: str) -> Iterator[int]:
     try:
         yield 1
     finally:
-        if old is None:
-            os.environ.pop("TRACER_RAY_EVENTS", None)
-        else:
-            os.environ["TRACER_RAY_EVENTS"] = old
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if undo is not None:
             from tracer.ray import wrappers
 
@@ -190,7 +195,7 @@ def main() -> int:
                     trees[name].append(tree)
                     alls[name].append(every)
                     finishes[name].append(finished)
-                    print(f"  rep {rep + 1}/{args.repeats} {name:<8} {wall:.3f} s", flush=True)
+                    print(f"  rep {rep + 1}/{args.repeats} {name:<9} {wall:.3f} s", flush=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -204,7 +209,7 @@ def main() -> int:
     base_all = statistics.median(alls["0"])
     print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)"
           + (", each run in a fresh process" if args.fresh else ""))
-    print(f"  {'variant':<8} {'wall med [min-max]':>24} {'ratio':>6} "
+    print(f"  {'variant':<9} {'wall med [min-max]':>24} {'ratio':>6} "
           f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
           f"{'machine CPU us/task':>22} {'vs 0':>7} {'trace done':>10}")
     for name in names:
@@ -212,7 +217,7 @@ def main() -> int:
         tree_med = statistics.median(trees[name])
         all_med = statistics.median(alls[name])
         print(
-            f"  {name:<8} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
+            f"  {name:<9} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
             f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
             f"{per_task_us(trees[name]):>23} {(tree_med / base_tree - 1) * 100:+6.1f}% "
             f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}% "
