@@ -273,28 +273,27 @@ class RunnerTracer(LoopCalls):
 
     def register_metrics_ref(self, task_id: str, ref: Any) -> None:
         """Where the task's measurements will arrive (the return channel)."""
-        if self._disabled:
-            return
-        try:
-            with self._lock:
-                task = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
-                if task is not None:
-                    task.metrics_ref = ref
-                    if self._actor is not None:
-                        self._actor.tasks.pop(task.task_id, None)
-        except Exception as exc:
-            self._disable(exc)
+        self._register(task_id, ref, via_ray_events=False)
 
     def register_ray_task(self, task_id: str, ref: Any) -> None:
         """The task reports through Ray's events: ``ref`` (one of its return values) says
         which of Ray's tasks it is. Its execution is drawn once Ray's events bring it."""
+        self._register(task_id, ref, via_ray_events=True)
+
+    def _register(self, task_id: str, ref: Any, via_ray_events: bool) -> None:
         if self._disabled:
             return
         try:
             with self._lock:
                 task = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
-                if task is not None:
+                if task is None:
+                    return
+                if via_ray_events:
                     task.ray_task = ref.task_id()
+                    return
+                task.metrics_ref = ref
+                if self._actor is not None:
+                    self._actor.tasks.pop(task.task_id, None)
         except Exception as exc:
             self._disable(exc)
 

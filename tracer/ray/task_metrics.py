@@ -443,7 +443,7 @@ def unpack_rss(text: str) -> dict[str, Any]:
     return found
 
 
-def _profile_event(ctx: TaskContext) -> Any:
+def _profile_event() -> Any:
     """A profile event of Ray's spanning this task's body, or None (not in a Ray worker).
 
     Ray times it from here until it is dropped and reports it with the
@@ -479,16 +479,14 @@ def run_reported_to_ray(fn: Callable[..., Any], ctx: TaskContext, args: Any, kwa
     that hands the error to ``task_failed``, and puts its error in the
     profile event (Ray records a task cancelled while it ran as finished).
     """
-    event = _profile_event(ctx)
+    event = _profile_event()
     peak_before = peak_rss()
-    rss_start = current_rss()
-    start_ns = time.time_ns()
-    token = _CURRENT.set({"start_ns": start_ns, "rss_start": rss_start})
+    metrics: Metrics = {"rss_start": current_rss(), "start_ns": time.time_ns()}
+    token = _CURRENT.set(metrics)
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        metrics = _where()
-        metrics.update(pid=os.getpid(), start_ns=start_ns, rss_start=rss_start)
+        metrics.update(_where(), pid=os.getpid())
         _failed(metrics, peak_before, exc)
         if event is not None:
             with contextlib.suppress(Exception):
@@ -499,13 +497,11 @@ def run_reported_to_ray(fn: Callable[..., Any], ctx: TaskContext, args: Any, kwa
     finally:
         _CURRENT.reset(token)
     if event is not None:
-        rss_end = current_rss()
-        peak = max(rss_start, rss_end)
-        peak_after = peak_rss()
-        if peak_after > peak_before:
-            peak = max(peak, peak_after)
+        _finish(metrics, peak_before)
         with contextlib.suppress(Exception):
-            event.set_extra_data(pack_rss(rss_start, rss_end, peak))
+            event.set_extra_data(
+                pack_rss(metrics["rss_start"], metrics["rss_end"], metrics["rss_peak"])
+            )
         del event  # Ray records the event now: its end is the body's end
     return result
 

@@ -548,12 +548,9 @@ class RunTimeline:
     def finish(self) -> None:
         """The run ended: every stage, the last memory counters; but for what awaits
         executions from Ray's events (:meth:`ray_events_read` writes it)."""
-        if not self._awaited:
-            self.stages.write_all()
-        else:
-            for stage in list(self.stages.by_id.values()):
-                if not self._awaited.waiting_in(stage.stage_id):
-                    self.stages.write(stage)
+        for stage in list(self.stages.by_id.values()):
+            if not self._awaited.waiting_in(stage.stage_id):
+                self.stages.write(stage)
         self.settle(None)
 
     def end_run(self, ts: int | None, args: dict[str, Any] | None = None) -> None:
