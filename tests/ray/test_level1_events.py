@@ -157,6 +157,40 @@ def test_events_that_never_come_are_counted_and_nothing_waits(
     assert len(lanes) == N
 
 
+def _boom(x: int) -> int:
+    raise ValueError(f"bad partition {x}")
+
+
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def test_a_runner_reporting_failures_itself_gets_the_failed_input_named(
+    ray_local: None, tmp_path: Path, env: pytest.MonkeyPatch
+) -> None:
+    """The tracer finds no failure here; a runner that reads its results reports them
+    (``task_failed``). The downstream task's error holds what the upstream measured: it is
+    told apart by Ray's task id, kept at dispatch, and drawn as failed upstream."""
+    path = tmp_path / "upstream.perfetto-trace"
+    with ray_tracer("upstream", level=1, path=path) as tracer:
+        for task_id, stage in (("0-0", 0), ("1-0", 1)):
+            tracer.task_created(task_id, stage, {"num_cpus": 1})
+        up = RayFunctionWrapper.wrap(ray.remote(_boom)).with_tracing(tracer, "0-0").remote(3)
+        down = RayFunctionWrapper.wrap(ray.remote(_plus_one)).with_tracing(
+            tracer, "1-0").remote(up)
+        for task_id, ref in (("0-0", up), ("1-0", down)):
+            with pytest.raises(ValueError, match="bad partition 3") as raised:
+                ray.get(ref, timeout=30)
+            tracer.task_failed(task_id, raised.value)
+    model = load(path)
+    tasks = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+             if s.category == L.CAT_TASK and s.depth == 0}
+    assert tasks["0-0"].args[L.ARG_STATUS] == L.STATUS_FAILED
+    assert tasks["1-0"].args[L.ARG_STATUS] == L.STATUS_FAILED_UPSTREAM
+    assert tasks["1-0"].args[L.ARG_UPSTREAM_TASK_ID] == "0-0"
+    assert [e.args[L.ARG_TASK_ID] for e in _executions(model)] == ["0-0"]
+
+
 def _sleepy(folder: str, x: int) -> int:
     with open(os.path.join(folder, "started"), "w"):
         pass
