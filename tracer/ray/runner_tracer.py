@@ -9,8 +9,9 @@ there, not here). Where things live:
 
 * the dispatch-loop calls (waves, phases, marks, counters): :mod:`tracer.ray.runner_loop`;
 * the tasks' lifecycle (created, dispatched, received in batches, failed,
-  cancelled, stages done) and the trace's lifecycle (flushing, closing,
-  stopping after an error): here;
+  cancelled, stages done): here;
+* the trace's lifecycle (flushing, closing, stopping after an error):
+  :mod:`tracer.ray.runner_lifecycle`;
 * the measurement channels: :mod:`tracer.ray.return_channel` (each traced
   task's last return value), :mod:`tracer.ray.actor_channel` (the metrics
   actor, for tasks that measure themselves and failed attempts) and, at
@@ -37,34 +38,30 @@ all doing nothing, is what runners get at level 0.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 from tracer.ray import layout as L
-from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
+from tracer.ray.actor_channel import ActorChannel
 from tracer.ray.events_channel import (
     SOURCE_RAY_EVENTS,
     RayEventsChannel,
     executions_source,
 )
 from tracer.ray.failures import Failures
-from tracer.ray.finishing import close_waits, finish_in_background
 from tracer.ray.flusher import Flusher
 from tracer.ray.guard import guarded, guarded_failures
 from tracer.ray.levels import TracingLevel
 from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.resources import ResourceRequest, as_request
 from tracer.ray.return_channel import CancelMark, ReturnChannel
+from tracer.ray.runner_lifecycle import LifecycleCalls
 from tracer.ray.runner_loop import LoopCalls
 from tracer.ray.runner_task import RunnerTask
-from tracer.ray.task_errors import error_args
 from tracer.ray.task_metrics import TaskContext
 from tracer.ray.timeline import RunTimeline
 
@@ -78,7 +75,7 @@ _FETCH_BATCH = 64
 _FETCH_INTERVAL_NS = 200_000_000
 
 
-class RunnerTracer(LoopCalls):
+class RunnerTracer(LifecycleCalls, LoopCalls):
     """Traces one execution of a Ray runner's dispatch loop into one trace file.
 
     Create it with :func:`tracer.ray.ray_tracer`; call its methods from the
@@ -150,29 +147,6 @@ class RunnerTracer(LoopCalls):
         writer.flush()
         self._flusher = Flusher(self.flush, f"tracer-flush-{execution_id}")
         self._last_settle = 0
-
-    # ------------------------------------------------------------- failures
-
-    def _disable(self, exc: BaseException) -> None:
-        if self._disabled:
-            return
-        self._disabled = self._failed = True
-        self._flusher.stop()
-        logger.warning(
-            "tracer: tracing stopped for execution %s after an error (%s: %s); "
-            "the run continues untraced; the trace so far is in %s",
-            self.execution_id,
-            type(exc).__name__,
-            exc,
-            self.trace_path,
-        )
-        with contextlib.suppress(Exception):
-            self.writer.close()
-
-    @property
-    def disabled(self) -> bool:
-        """True once tracing stopped after an error."""
-        return self._failed
 
     # ---------------------------------------------------------- dispatch loop
 
@@ -500,113 +474,6 @@ class RunnerTracer(LoopCalls):
         dispatched.extend(t.dispatch_ts for t in self._received if t.dispatch_ts)
         dispatched.extend(t.dispatch_ts for t, _ in self._returns.cancelled if t.dispatch_ts)
         return min(dispatched, default=now)
-
-    # -------------------------------------------------------------- lifecycle
-
-    def flush(self) -> None:
-        """Write everything buffered to the file; stop tracing if the file was removed.
-
-        Safe from any thread: the events are taken under the tracer's lock,
-        the disk is written outside it, so the dispatch loop never waits for
-        the disk (in a Ray driver, any system call may also cost a GIL
-        hand-over).
-        """
-        if self._disabled or self._closed:
-            return
-        if self._ray_events is not None:
-            try:
-                self._ray_events.poll()
-            except Exception as exc:  # Ray's events are extra: losing them stops nothing
-                logger.debug("tracer: reading Ray's task events failed: %s", exc)
-        try:
-            with self._lock:
-                if self._disabled or self._closed:
-                    return
-                self.writer.detach()
-            self.writer.write_detached()
-            self._flusher.last_flush = time.monotonic()
-            # On Linux, writes to a removed file succeed and vanish: check it is there.
-            if self.writer.file_removed():
-                raise TraceWriteError(
-                    f"trace file {self.trace_path} was removed while being written"
-                )
-        except Exception as exc:
-            with self._lock:
-                self._disable(exc)
-
-    def close(self, error: BaseException | None = None, *, wait: bool | None = None) -> None:
-        """Finish the trace: fetch outstanding measurements, write stages, close the file.
-
-        Ray's events of the last tasks come about a second after them: unless
-        ``wait`` (default: ``$TRACER_RAY_EVENTS_WAIT``, off), a thread waits
-        for them, draws them and closes the file, and the run goes on at once
-        with a complete trace that lacks only those (see
-        :mod:`tracer.ray.finishing`; :func:`~tracer.ray.wait_for_traces`
-        waits for them).
-        """
-        if self._closed:
-            return
-        self._flusher.stop(join=True)
-        end_ts = self._close(error)
-        self._closed = True
-        if self._disabled:
-            return
-        self._disabled = True  # later calls do nothing, quietly: the trace is finished
-        channel = self._ray_events
-
-        def finish() -> None:
-            if channel is not None:
-                try:
-                    channel.close()
-                except Exception as exc:
-                    logger.debug("tracer: reading Ray's task events failed: %s", exc)
-            try:
-                with self._lock:
-                    self._timeline.ray_events_read(end_ts)
-            except Exception as exc:  # tracing never breaks the job
-                logger.warning("tracer: ending the trace %s failed: %s", self.trace_path, exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    self.writer.close()
-
-        if wait is None:
-            wait = close_waits()
-        if wait or channel is None or not self._timeline.ray_events_wanted():
-            finish()
-            return
-        try:  # the trace on disk is complete now, but for Ray's last events
-            self.writer.flush()
-        except Exception as exc:
-            logger.warning("tracer: writing the trace %s failed: %s", self.trace_path, exc)
-        finish_in_background(self.trace_path, finish)
-
-    @guarded
-    def _close(self, error: BaseException | None) -> int:
-        """Everything but Ray's last events; returns the run's end time."""
-        self._complete_received()
-        self._drain_metrics()
-        if self._returns.cancelled:
-            self._poll_cancelled(CLOSE_GRACE_S)
-        now = self.writer.now()
-        for task in list(self._tasks.values()):
-            # Never received: unfinished, its measurements not lost but not yet there.
-            if self._actor is not None:
-                self._actor.tasks.pop(task.task_id, None)
-            task.metrics_ref = task.ray_task = None
-            self._finish_task(task, now, {L.ARG_STATUS: L.STATUS_UNFINISHED})
-        self._tasks.clear()
-        if self._actor is not None:
-            self._actor.await_stragglers()
-        self._returns.lose_pending("measurements did not arrive before the close")
-        self._returns.cancelled.clear()
-        if self._actor is not None:
-            self._actor.cancelled_tasks.clear()
-        self._failures.clear()
-        self._unreported.clear()
-        self._timeline.finish()
-        end_ts = self.writer.now()
-        self._timeline.end_run(end_ts, error_args(error) if error is not None else None)
-        return end_ts
 
 
 AnyRunnerTracer = RunnerTracer | NullRunnerTracer

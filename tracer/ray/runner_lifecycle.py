@@ -1,0 +1,198 @@
+"""The runner tracer's trace lifecycle: flushing, closing, and stopping after an error.
+
+Why apart from the tasks' calls: these are the calls that touch the disk
+and Ray's events at the end of a run, and the only ones that may run on
+another thread (the flusher's, the finishing thread's), so their rules are
+about threads and time rather than tasks. Flushing takes the events under
+the tracer's lock and writes the disk outside it (the dispatch loop never
+waits for the disk); closing writes everything but Ray's last events at
+once and leaves those to a thread (:mod:`tracer.ray.finishing`); the first
+error writing the trace logs one warning and turns the tracer into a no-op,
+with the trace so far on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tracer.errors import TraceWriteError
+from tracer.format import TraceWriter
+from tracer.ray import layout as L
+from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
+from tracer.ray.events_channel import RayEventsChannel
+from tracer.ray.failures import Failures
+from tracer.ray.finishing import close_waits, finish_in_background
+from tracer.ray.flusher import Flusher
+from tracer.ray.guard import guarded
+from tracer.ray.return_channel import ReturnChannel
+from tracer.ray.runner_task import RunnerTask
+from tracer.ray.task_errors import error_args
+from tracer.ray.timeline import RunTimeline
+
+logger = logging.getLogger("tracer")
+
+__all__ = ["LifecycleCalls"]
+
+
+class LifecycleCalls:
+    """The trace-lifecycle half of :class:`~tracer.ray.RunnerTracer`'s API (a mixin)."""
+
+    # Provided by RunnerTracer.
+    writer: TraceWriter
+    execution_id: str
+    trace_path: Path
+    _lock: threading.RLock
+    _disabled: bool
+    _failed: bool
+    _closed: bool
+    _flusher: Flusher
+    _timeline: RunTimeline
+    _ray_events: RayEventsChannel | None
+    _tasks: dict[str, RunnerTask]
+    _actor: ActorChannel | None
+    _returns: ReturnChannel
+    _failures: Failures
+    _unreported: dict[str, BaseException]
+
+    def _complete_received(self) -> None:
+        raise NotImplementedError
+
+    def _drain_metrics(self) -> None:
+        raise NotImplementedError
+
+    def _poll_cancelled(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _finish_task(self, task: RunnerTask, now: int, args: dict[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def _disable(self, exc: BaseException) -> None:
+        if self._disabled:
+            return
+        self._disabled = self._failed = True
+        self._flusher.stop()
+        logger.warning(
+            "tracer: tracing stopped for execution %s after an error (%s: %s); "
+            "the run continues untraced; the trace so far is in %s",
+            self.execution_id,
+            type(exc).__name__,
+            exc,
+            self.trace_path,
+        )
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    @property
+    def disabled(self) -> bool:
+        """True once tracing stopped after an error."""
+        return self._failed
+
+    def flush(self) -> None:
+        """Write everything buffered to the file; stop tracing if the file was removed.
+
+        Safe from any thread: the events are taken under the tracer's lock,
+        the disk is written outside it, so the dispatch loop never waits for
+        the disk (in a Ray driver, any system call may also cost a GIL
+        hand-over).
+        """
+        if self._disabled or self._closed:
+            return
+        if self._ray_events is not None:
+            try:
+                self._ray_events.poll()
+            except Exception as exc:  # Ray's events are extra: losing them stops nothing
+                logger.debug("tracer: reading Ray's task events failed: %s", exc)
+        try:
+            with self._lock:
+                if self._disabled or self._closed:
+                    return
+                self.writer.detach()
+            self.writer.write_detached()
+            self._flusher.last_flush = time.monotonic()
+            # On Linux, writes to a removed file succeed and vanish: check it is there.
+            if self.writer.file_removed():
+                raise TraceWriteError(
+                    f"trace file {self.trace_path} was removed while being written"
+                )
+        except Exception as exc:
+            with self._lock:
+                self._disable(exc)
+
+    def close(self, error: BaseException | None = None, *, wait: bool | None = None) -> None:
+        """Finish the trace: fetch outstanding measurements, write stages, close the file.
+
+        Ray's events of the last tasks come about a second after them: unless
+        ``wait`` (default: ``$TRACER_RAY_EVENTS_WAIT``, off), a thread waits
+        for them, draws them and closes the file, and the run goes on at once
+        with a complete trace that lacks only those (see
+        :mod:`tracer.ray.finishing`; :func:`~tracer.ray.wait_for_traces`
+        waits for them).
+        """
+        if self._closed:
+            return
+        self._flusher.stop(join=True)
+        end_ts = self._close(error)
+        self._closed = True
+        if self._disabled:
+            return
+        self._disabled = True  # later calls do nothing, quietly: the trace is finished
+        channel = self._ray_events
+
+        def finish() -> None:
+            if channel is not None:
+                try:
+                    channel.close()
+                except Exception as exc:
+                    logger.debug("tracer: reading Ray's task events failed: %s", exc)
+            try:
+                with self._lock:
+                    self._timeline.ray_events_read(end_ts)
+            except Exception as exc:  # tracing never breaks the job
+                logger.warning("tracer: ending the trace %s failed: %s", self.trace_path, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.writer.close()
+
+        if wait is None:
+            wait = close_waits()
+        if wait or channel is None or not self._timeline.ray_events_wanted():
+            finish()
+            return
+        try:  # the trace on disk is complete now, but for Ray's last events
+            self.writer.flush()
+        except Exception as exc:
+            logger.warning("tracer: writing the trace %s failed: %s", self.trace_path, exc)
+        finish_in_background(self.trace_path, finish)
+
+    @guarded
+    def _close(self, error: BaseException | None) -> int:
+        """Everything but Ray's last events; returns the run's end time."""
+        self._complete_received()
+        self._drain_metrics()
+        if self._returns.cancelled:
+            self._poll_cancelled(CLOSE_GRACE_S)
+        now = self.writer.now()
+        for task in list(self._tasks.values()):
+            # Never received: unfinished, its measurements not lost but not yet there.
+            if self._actor is not None:
+                self._actor.tasks.pop(task.task_id, None)
+            task.metrics_ref = task.ray_task = None
+            self._finish_task(task, now, {L.ARG_STATUS: L.STATUS_UNFINISHED})
+        self._tasks.clear()
+        if self._actor is not None:
+            self._actor.await_stragglers()
+        self._returns.lose_pending("measurements did not arrive before the close")
+        self._returns.cancelled.clear()
+        if self._actor is not None:
+            self._actor.cancelled_tasks.clear()
+        self._failures.clear()
+        self._unreported.clear()
+        self._timeline.finish()
+        end_ts = self.writer.now()
+        self._timeline.end_run(end_ts, error_args(error) if error is not None else None)
+        return end_ts
