@@ -382,6 +382,52 @@ def test_a_read_of_the_job_waits_until_it_is_mostly_of_tasks_wanted(
     assert not source.worth_reading(0, 0.5)
 
 
+def test_a_run_is_sent_about_a_third_more_than_once_by_the_reads_at_flushes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The channel's share (0.75): a run that grows its job by 100 tasks between flushes
+    reads it only when the job has grown fourfold since the last read, so the job is
+    sent ~1.33 times over by the end (the close's read of everything included), not
+    twice (share 0.5, which sent a 2000-task run 2.2 times: ~35 µs of CPU per task
+    in the driver and the GCS, each time)."""
+    from tracer.ray import ray_events
+    from tracer.ray.events_channel import _READ_SHARE
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})
+    monkeypatch.delenv("RAY_task_events_max_num_task_in_gcs", raising=False)
+    fake = _Fake(stored=0)
+    source = RayEventSource("01000000", [fake])
+    job = sent = wanted = 0
+    for _ in range(200):  # flushes, 100 new tasks each: 20,000 in all
+        job += 100
+        wanted += 100
+        if source.worth_reading(wanted, _READ_SHARE):
+            fake.stored = job
+            source.read(["aa" * 24])
+            sent += job
+            wanted = 0
+    sent += job  # the close's read of the job
+    assert 1.2 * job <= sent <= 1.45 * job, sent / job
+
+
+def test_reads_keep_up_with_what_ray_drops_at_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's GCS keeps a capped number of task attempts (all jobs), dropping the oldest
+    finished: once the job is at the cap it no longer grows fourfold, and a read is due
+    when half of what Ray keeps is wanted, before any of it is dropped."""
+    from tracer.ray import ray_events
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})
+    monkeypatch.setenv("RAY_task_events_max_num_task_in_gcs", "1000")
+    assert ray_events.ray_cap() == 1000
+    fake = _Fake(stored=1000)
+    source = RayEventSource("01000000", [fake])
+    source.read(["aa" * 24])
+    assert not source.worth_reading(499, 0.75)
+    assert source.worth_reading(500, 0.75)
+    monkeypatch.setenv("RAY_task_events_max_num_task_in_gcs", "many")
+    assert ray_events.ray_cap() == 100_000  # Ray's default, for a value that is not one
+
+
 def test_the_close_reads_the_job_once_the_probes_say_ray_has_it_all(
     ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -471,3 +517,53 @@ def test_a_malformed_task_id_is_never_sent_to_ray(ray_local: None) -> None:
     assert source.read_each(["ab" * 14, "zz"]) == []
     ids = _task_ids(2)
     assert set(_read_until_complete(source, ids)) == set(ids)
+
+
+def test_ray_task_events_become_facts_in_time_order_with_the_task_s_own_error() -> None:
+    """One of Ray's TaskEvents protos, as the GCS sends it, read into the facts the
+    timeline draws: its states and phases in time order whatever the order Ray keeps
+    them in, the span of ``task::<name>``, the node, worker, resources, and the error
+    the body raised (from the task's own profile event) over Ray's error type."""
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    from tracer.ray.ray_events import to_facts
+    from tracer.ray.task_metrics import RAY_EVENT_NAME, pack_failure
+
+    ev = gcs_pb2.TaskEvents(task_id=bytes(range(24)), attempt_number=1)
+    ev.task_info.name = "inc"
+    ev.task_info.required_resources["GPU"] = 1.0
+    ev.task_info.required_resources["CPU"] = 2.0
+    updates = ev.state_updates
+    updates.node_id = b"\x07" * 28
+    updates.worker_pid = 4242
+    for status, ts in ((11, 900), (8, 300), (1, 100), (5, 200), (99, 50)):
+        updates.state_ts_ns[status] = ts
+    updates.error_info.error_type = common_pb2.ErrorType.Value("TASK_EXECUTION_EXCEPTION")
+    updates.error_info.error_message = "RayTaskError(ValueError): bad"
+    failure = pack_failure({"rss_start": 10, "rss_end": 20, "rss_peak": 30,
+                            "error_type": "ValueError", "error": "bad"}).decode()
+    for name, start, end, extra in (
+        ("task:store_outputs", 700, 800, ""),
+        ("task::inc", 300, 850, ""),
+        ("task:deserialize_arguments", 310, 320, ""),
+        (RAY_EVENT_NAME, 330, 690, failure),
+        ("task:execute", 320, 700, ""),
+    ):
+        ev.profile_events.events.add(event_name=name, start_time=start, end_time=end,
+                                     extra_data=extra)
+    other = gcs_pb2.TaskEvents(task_id=bytes(24), attempt_number=0)  # not wanted
+
+    (fact,) = to_facts([other, ev], wanted={bytes(range(24)).hex()})
+    assert fact.ray_task_id == bytes(range(24)).hex() and fact.attempt == 1
+    assert fact.name == "inc" and fact.worker_pid == 4242 and fact.node_id == "07" * 28
+    assert fact.states == (
+        (L.STATE_PENDING_ARGS, 100), (L.STATE_SUBMITTED, 200), (L.STATE_RUNNING, 300),
+        (L.STATE_FINISHED, 900),
+    )
+    assert [p[0] for p in fact.phases] == [
+        L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS,
+    ]
+    assert fact.span == (300, 850) and fact.measured == (330, 690)
+    assert fact.rss == (10, 20, 30)
+    assert (fact.error_type, fact.error) == ("ValueError", "bad")
+    assert fact.resources == (("CPU", 2.0), ("GPU", 1.0))
