@@ -200,6 +200,17 @@ def main() -> int:
         if ray.is_initialized():
             ray.shutdown()
 
+    def paired(series: dict[str, list[float]], name: str) -> str:
+        """Median [quartiles] of the variant's ratio to level 0 within each repetition.
+
+        The runs of one repetition follow each other within seconds, while the
+        machine's speed drifts by ~10% over minutes: ratios of neighbours
+        cancel most of that drift, which the ratio of medians keeps.
+        """
+        ratios = sorted(v / b for v, b in zip(series[name], series["0"], strict=True))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        return f"{statistics.median(ratios):.3f} [{q[0]:.3f}-{q[2]:.3f}]"
+
     def per_task_us(values: list[float]) -> str:
         med = statistics.median(values) / n * 1e6
         return f"{med:6.0f} [{min(values) / n * 1e6:5.0f}-{max(values) / n * 1e6:5.0f}]"
@@ -223,6 +234,10 @@ def main() -> int:
             f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}% "
             f"{statistics.median(finishes[name]):9.3f}s"
         )
+    print("\n  paired with the level-0 run of the same repetition, median [quartiles]:")
+    print(f"  {'variant':<9} {'wall ratio':>22} {'driver+Ray CPU ratio':>22}")
+    for name in names[1:]:
+        print(f"  {name:<9} {paired(walls, name):>22} {paired(trees, name):>22}")
     return 0
 
 
