@@ -18,7 +18,17 @@ import os
 import re
 from pathlib import Path
 
+from tracer.format import TraceWriter
+
 DEFAULT_SESSION_DIR = Path("/tmp/ray/session_latest")
+#: Runs are recorded in microseconds. Nothing in a Ray run is finer: a
+#: dispatch-loop phase takes microseconds, a task milliseconds, and Ray's own
+#: timeline (``ray.timeline()``) is in microseconds. At that unit the
+#: timestamp deltas, the one part of every packet that never repeats, take
+#: fewer bits: a level-1 trace is ~25% smaller compressed (2000 no-op tasks:
+#: 240 -> ~180 B/task), and zlib has less to do. Callers still pass and read
+#: nanoseconds (:class:`~tracer.format.TraceWriter`'s ``time_unit_ns``).
+TIME_UNIT_NS = 1000
 TRACE_SUFFIX = ".perfetto-trace"
 #: Environment variable: the folder default trace paths go to, instead of the Ray session's.
 TRACE_DIR_ENV_VAR = "TRACER_TRACE_DIR"
@@ -55,3 +65,8 @@ def default_trace_path(runner_name: str, execution_id: str) -> Path:
 
 def _safe(text: str) -> str:
     return _UNSAFE.sub("_", text)[:80] or "_"
+
+
+def open_trace(path: str | os.PathLike[str], *, compress: bool = True) -> TraceWriter:
+    """The writer of one run's trace, in the Ray layer's time unit (:data:`TIME_UNIT_NS`)."""
+    return TraceWriter(path, compress=compress, time_unit_ns=TIME_UNIT_NS)

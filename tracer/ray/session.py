@@ -13,7 +13,7 @@ from tracer.format import TraceWriter
 from tracer.ray.finishing import wait_for_traces
 from tracer.ray.levels import TracingLevel, resolve_level
 from tracer.ray.null_tracer import NullRunnerTracer
-from tracer.ray.output import default_trace_path
+from tracer.ray.output import default_trace_path, open_trace
 from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
 
 logger = logging.getLogger("tracer")
@@ -65,7 +65,7 @@ def ray_tracer(
         if path is None:
             trace_path.parent.mkdir(parents=True, exist_ok=True)
         wait_for_traces(trace_path)  # an earlier run's trace there still being finished
-        writer = TraceWriter(trace_path, compress=compress)
+        writer = open_trace(trace_path, compress=compress)
         totals = ray.cluster_resources() if ray.is_initialized() else {}
         if metrics_actor:
             from tracer.ray.metrics_actor import create_metrics_actor

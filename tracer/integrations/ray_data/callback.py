@@ -40,7 +40,7 @@ from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data.channel import channel
 from tracer.integrations.ray_data.execution import RUNNER_NAME, ExecutionTracer, new_token
 from tracer.ray.levels import TracingLevel, resolve_level
-from tracer.ray.output import default_trace_path
+from tracer.ray.output import default_trace_path, open_trace
 
 try:  # a Ray Data without it (older than the integration supports) must still import this
     from ray.data._internal.execution.execution_callback import ExecutionCallback
@@ -271,7 +271,7 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
                 "tracer.integrations.ray_data.enable() has no such gap)"
             )
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer = TraceWriter(path, compress=True)
+        writer = open_trace(path)
         tracer = ExecutionTracer(executor, writer, s.level, channel(), tokens)
     except Exception as exc:
         logger.warning(
