@@ -81,10 +81,10 @@ def test_executions_come_from_rays_events_with_node_worker_and_rss(
         assert e.args[L.ARG_MEMORY_PEAK] > 8 << 20
         assert e.args[L.ARG_MEMORY_REQUESTED] == 0
     # The measured span sits inside Ray's own execute phase of the same task.
-    spans = {s.args[L.ARG_RAY_TASK_ID]: s for s in model.slices
+    spans = {s.args[L.ARG_TASK_ID]: s for s in model.slices
              if s.category == L.CAT_RAY and (s.name or "").startswith(L.RAY_TASK_PREFIX)}
     for e in executions:
-        span = spans[e.args[L.ARG_RAY_TASK_ID]]
+        span = spans[e.args[L.ARG_TASK_ID]]
         assert span.ts <= e.ts and e.end_ts is not None and span.end_ts is not None
         assert e.end_ts <= span.end_ts
     # Each stage's memory summary counts every one of its executions.

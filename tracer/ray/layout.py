@@ -104,7 +104,8 @@ SLICE_DISPATCHED = "dispatched"
 
 # Ray's events (category CAT_RAY, which is CAT_SCHEDULER).
 #: On the worker's RAY_PHASES_TRACK: Ray's whole handling of one task attempt
-#: in its worker ("ray task f"), args task_id, ray_task_id, ray_attempt.
+#: in its worker ("ray task f"), args task_id, ray_attempt (Ray's task id is on the
+#: execution beside it).
 RAY_TASK_PREFIX = "ray task "
 #: Ray's phases, nested in it (Ray's profile events task:deserialize_arguments,
 #: task:execute, task:store_outputs).
