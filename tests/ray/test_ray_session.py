@@ -135,6 +135,26 @@ def test_ray_tracer_yields_a_runner_tracer(tmp_path: Path) -> None:
     assert model.slices[0].name == L.SLICE_EXECUTION
 
 
+def test_a_run_is_traced_in_microseconds(tmp_path: Path) -> None:
+    """Runs are recorded in µs (tracer.ray.output.TIME_UNIT_NS): the incremental clock
+    counts µs, so every delta is a byte or two shorter than in ns (a level-1 trace of
+    no-op tasks ~15% smaller compressed), and what comes back is still ns."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as perfetto_pb2
+
+    path = tmp_path / "us.perfetto-trace"
+    with ray_tracer("us", level="timeline", path=path, compress=False) as tracer:
+        with tracer.dispatch_wave(0):
+            pass
+    trace = perfetto_pb2.Trace()
+    trace.ParseFromString(path.read_bytes())
+    clocks = {c.clock_id: c for p in trace.packet if p.HasField("clock_snapshot")
+              for c in p.clock_snapshot.clocks}
+    assert clocks[64].is_incremental and clocks[64].unit_multiplier_ns == 1000
+    model = load(path)
+    assert all(s.ts % 1000 == 0 for s in model.slices)
+    assert any(s.name == L.SLICE_WAVE for s in model.slices)
+
+
 # ------------------------------------------------------ concurrent executions
 
 
