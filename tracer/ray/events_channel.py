@@ -63,7 +63,7 @@ _CLOSE_POLL_S = 0.2
 #: At flushes, a read of the job happens only when the tasks wanted are at least
 #: this share of what it sends (see RayEventSource.worth_reading): each task is
 #: then sent about 1 / _READ_SHARE times. At 0.5 a 2000-task run was sent 2.2 times
-#: over (~20 µs of the driver's CPU per task sent, as much again in the GCS).
+#: over (~10 µs of the driver's CPU per task sent, about as much again in the GCS).
 _READ_SHARE = 0.75
 #: At the close, one-task queries of at most this many workers' last executions
 #: say when Ray has everything (see RayPhases.probes).

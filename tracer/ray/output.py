@@ -25,8 +25,8 @@ DEFAULT_SESSION_DIR = Path("/tmp/ray/session_latest")
 #: dispatch-loop phase takes microseconds, a task milliseconds, and Ray's own
 #: timeline (``ray.timeline()``) is in microseconds. At that unit the
 #: timestamp deltas, the one part of every packet that never repeats, take
-#: fewer bits: a level-1 trace is ~25% smaller compressed (2000 no-op tasks:
-#: 240 -> ~180 B/task), and zlib has less to do. Callers still pass and read
+#: fewer bits: a level-1 trace is ~14% smaller compressed (2000 no-op tasks:
+#: 240 -> 207 B/task), and zlib has ~15% less to do. Callers still pass and read
 #: nanoseconds (:class:`~tracer.format.TraceWriter`'s ``time_unit_ns``).
 TIME_UNIT_NS = 1000
 TRACE_SUFFIX = ".perfetto-trace"
