@@ -389,7 +389,7 @@ def test_a_run_is_sent_about_a_third_more_than_once_by_the_reads_at_flushes(
     """The channel's share (0.75): a run that grows its job by 100 tasks between flushes
     reads it only when the job has grown fourfold since the last read, so the job is
     sent ~1.33 times over by the end (the close's read of everything included), not
-    twice (share 0.5, which sent a 2000-task run 2.2 times: ~35 µs of CPU per task
+    twice (share 0.5, which sent a 2000-task run 2.2 times: ~20 µs of CPU per task
     in the driver and the GCS, each time)."""
     from tracer.ray import ray_events
     from tracer.ray.events_channel import _READ_SHARE
