@@ -161,7 +161,15 @@ class _Program:
         self.now = max(0, self.now + spec)
         return self.now
 
-    def run(self, op: tuple[Any, ...]) -> tuple[str, str] | None:
+    def run(self, op: tuple[Any, ...]) -> Any:
+        if op[0] == "batch":  # the ops held by in_time_order, written sorted at its end
+            ended: list[Any] = []
+            try:
+                with self.writer.in_time_order():
+                    ended.extend(self.run(sub) for sub in op[1])
+            except Exception as exc:
+                ended.append((type(exc).__name__, str(exc)))
+            return ended
         try:
             self._run(op)
         except Exception as exc:
@@ -256,10 +264,14 @@ GOOD_OP = st.one_of(
 )
 
 
+# Late events held and sorted (TraceWriter.in_time_order): the late chain, its anchors.
+BATCH_OP = st.tuples(st.just("batch"), st.lists(GOOD_OP | GOOD_OP | OP, max_size=8))
+
+
 @st.composite
 def programs(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     """Ops drawn from a small pool, so that they repeat (the caches fill, C takes them)."""
-    pool = draw(st.lists(GOOD_OP | GOOD_OP | OP, min_size=1, max_size=10))
+    pool = draw(st.lists(GOOD_OP | GOOD_OP | OP | BATCH_OP, min_size=1, max_size=10))
     picks = st.integers(0, len(pool) - 1).map(lambda i: pool[i])
     return draw(st.lists(picks | picks | picks | GOOD_OP | GOOD_OP | OP, min_size=20, max_size=80))
 
@@ -298,6 +310,7 @@ def test_the_c_encoder_writes_the_python_writers_bytes(
         stats = fast.writer._encoder.stats()
         event(f"C took events with args: {'yes' if stats['args'] else 'no'}")
         event(f"C took cached events: {'yes' if stats['cached'] else 'no'}")
+        event(f"late chain anchored: {'yes' if fast.writer._late_clock else 'no'}")
         fast.writer.close()
         pure.writer.close()
         assert _without_realtime(Path(tmp, "c")) == _without_realtime(Path(tmp, "py"))

@@ -442,6 +442,29 @@ def test_late_events_use_absolute_boottime_and_leave_the_chain_alone(tmp_path: P
     assert absolute_times(packets) == [T0 + x for x in (1000, 200, 400, 300, 250, 1500)]
 
 
+def test_late_events_held_in_time_order_are_deltas_on_a_second_clock(tmp_path: Path) -> None:
+    """A ClockSnapshot of BOOTTIME and clock 65 (incremental; not 64: listing it would
+    reset the delta chain) anchors the batch; its events carry timestamp_clock_id 65."""
+    path = tmp_path / "t.perfetto-trace"
+    with TraceWriter(path, clock=FakeClock(T0)) as w:
+        a, b, c = w.track("a"), w.track("b"), w.track("c")
+        w.begin(a, "now", T0 + 1000)
+        with w.in_time_order():
+            w.instant(b, "later", T0 + 300)
+            w.instant(c, "earlier", T0 + 200)  # written first
+        w.end(a, T0 + 1500)
+    packets = decode(path)
+    snapshot = next(p for p in packets[1:] if p.HasField("clock_snapshot"))
+    clocks = [(c.clock_id, c.timestamp, c.is_incremental) for c in snapshot.clock_snapshot.clocks]
+    assert clocks == [(pf.BUILTIN_CLOCK_BOOTTIME, T0 + 200, False), (65, T0 + 200, True)]
+    assert snapshot.trusted_packet_sequence_id == packets[0].trusted_packet_sequence_id
+    evs = events(packets)
+    assert [(p.timestamp_clock_id, p.timestamp) for p in evs[1:3]] == [(65, 0), (65, 100)]
+    assert [p.track_event.track_uuid for p in evs[1:3]] == [c.uuid, b.uuid]
+    # The delta chain (clock 64, the default) goes on from its last event.
+    assert not evs[-1].HasField("timestamp_clock_id") and evs[-1].timestamp == 500
+
+
 def _inflated(path: Path) -> list[Any]:
     """Packets of a compressed trace: each outer packet is one whole-record bundle."""
     out = []

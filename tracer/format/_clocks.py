@@ -64,9 +64,36 @@ class _ClockReader(_Framer):
         if global_clocks:
             self.global_snapshots.append(global_clocks)
         if seq is not None and seq_id:
+            self._sequence_snapshot(seq, clocks)
+
+    def _sequence_snapshot(self, seq: _Sequence, clocks: dict[int, tuple[int, int, bool]]) -> None:
+        """A snapshot on ``seq``: its clocks (re)start at the values given; the others go on.
+
+        trace_processor keeps a sequence-scoped clock that a later snapshot
+        does not list (a writer's delta chain, while a second incremental
+        clock is re-anchored: :mod:`tracer.format._late`). When both
+        snapshots name the trace clock, the new one's clocks are rebased onto
+        the sequence's first snapshot, so one anchor still converts them all;
+        otherwise the new snapshot replaces the old.
+        """
+        old = seq.snapshot
+        now = clocks.get(self.trace_clock)
+        then = old.get(self.trace_clock)
+        if now is None or then is None:
             seq.snapshot = clocks
             seq.running = {cid: ns for cid, (ns, _, incr) in clocks.items() if incr}
             seq.anchor_epoch = -1
+            return
+        shift = now[0] - then[0]  # the new snapshot's instant, after the old one's
+        merged = dict(old)
+        for cid, (ns, multiplier, incremental) in clocks.items():
+            if 64 <= cid < 128:
+                merged[cid] = (ns - shift, multiplier, incremental)
+                if incremental:
+                    seq.running[cid] = ns
+                else:
+                    seq.running.pop(cid, None)
+        seq.snapshot = merged
 
     def timestamp(self, packet: pb.TracePacket, seq_id: int, seq: _Sequence | None) -> int:
         """The packet's timestamp in trace time (advancing incremental clocks); or _Skip."""

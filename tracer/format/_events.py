@@ -4,10 +4,11 @@ The writer's hot path (:meth:`~tracer.format.TraceWriter.begin` and the
 others) appends bodies framed ahead; everything else comes here: an event
 seen for the first time (validated, its name and category interned, its
 body cached for next time), one with annotations or flows, one whose
-timestamp is late or far from the last (written absolute, or with a long
-delta). Annotation names and repeated string values are interned per
-sequence; what an event interned is forgotten if it fails, so no iid is ever
-used without its definition in the trace.
+timestamp is late or far from the last (on the late chain, see
+:mod:`._late`, or absolute; or with a long delta). Annotation names and
+repeated string values are interned per sequence; what an event interned is
+forgotten if it fails, so no iid is ever used without its definition in the
+trace.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class _EventEncoding(_TrackDeclarations):
 
     #: The delta chain: the last timestamp written relative, in the writer's time unit.
     _last: int
+    #: The late chain (see :mod:`._late`): the last timestamp written on it, in
+    #: units; -1 while it is not anchored. Its clock id field is ``_late_tag``.
+    _late: int
+    _late_tag: bytes
 
     def __init__(
         self, path: str | os.PathLike[str], *, compress: bool, compression_level: int,
@@ -74,6 +79,9 @@ class _EventEncoding(_TrackDeclarations):
         self._clock = clock if time_unit_ns == 1 else lambda: clock() // time_unit_ns
         self._intern_limit = intern_limit
         self._next_flow = 1
+        self._late = -1
+        self._late_tag = b""
+        self._late_anchors: dict[int, int] = {}
         # Hot-path caches (see begin/end/instant/counter): keyed by track first,
         # then by name (or (name, category)), so a lookup allocates nothing.
         self._counter_last: dict[Track, object] = {}
@@ -93,7 +101,7 @@ class _EventEncoding(_TrackDeclarations):
         self._heads: dict[tuple[Any, ...], bytes] = {}
 
     def _emit(self, ts: int, body: bytes) -> None:
-        """Frame and buffer one timestamped packet (delta, or absolute when late)."""
+        """Frame and buffer one timestamped packet: a delta, or late (late chain, absolute)."""
         try:  # encoded before any state changes: a bad ts leaves the writer as it was
             delta = ts - self._last
             if 0 <= delta < 16384:
@@ -102,6 +110,9 @@ class _EventEncoding(_TrackDeclarations):
             elif delta >= 0:
                 inner = body + _TS_TAG + varint(delta)
                 self._last = ts
+            elif 0 <= self._late <= ts:  # behind the chain, not behind the late chain
+                inner = body + self._late_tag + _TS_TAG + varint(ts - self._late)
+                self._late = ts
             else:
                 if ts < 0:
                     raise InvalidArgumentError(f"timestamp {ts} is negative")

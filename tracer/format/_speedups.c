@@ -88,6 +88,8 @@ typedef struct {
 static PyTypeObject EncoderType;
 
 static PyObject *str_last;   /* "_last" */
+static PyObject *str_late;   /* "_late": the late chain (tracer/format/_late.py) */
+static PyObject *str_late_tag; /* "_late_tag": its clock id field, D0 03 <clock> */
 static PyObject *str_dedupe; /* "dedupe" */
 static PyObject *str_emit;   /* "_emit" */
 static PyObject *str_flush;  /* "_flush_buffer" */
@@ -187,6 +189,31 @@ set_last(Encoder *self, long long ts)
     return rc;
 }
 
+/* The late chain's last timestamp and clock id (_late, _late_tag), when it is
+ * anchored and can take ``ts``; 0 otherwise (the event is then written absolute). */
+static int
+late_chain(Encoder *self, long long ts, long long *late, unsigned char *clock)
+{
+    PyObject *obj = PyDict_GetItemWithError(self->wdict, str_late);
+    PyObject *tag = obj == NULL ? NULL : PyDict_GetItemWithError(self->wdict, str_late_tag);
+    if (tag == NULL || !PyLong_CheckExact(obj) || !PyBytes_CheckExact(tag)
+        || PyBytes_GET_SIZE(tag) != 3) {
+        if (PyErr_Occurred())
+            PyErr_Clear();
+        return 0;
+    }
+    int overflow = 0;
+    *late = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (*late == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (*late < 0 || ts < *late)
+        return 0;
+    *clock = (unsigned char)PyBytes_AS_STRING(tag)[2];
+    return 1;
+}
+
 /* ``ts`` (ns, as given) in the writer's units; 0 when Python must take the call. */
 static int
 units_of(Encoder *self, PyObject *ts, long long *out)
@@ -243,8 +270,14 @@ emit(Encoder *self, long long ts, long long last, const char *body, Py_ssize_t b
      const char *value, Py_ssize_t value_len)
 {
     int absolute = ts < last;
+    long long late = -1;
+    unsigned char late_clock = 0;
     uint64_t stamp;
-    if (absolute) {
+    if (absolute && late_chain(self, ts, &late, &late_clock)) {
+        absolute = 0; /* behind the delta chain, not behind the late chain */
+        stamp = (uint64_t)(ts - late);
+    }
+    else if (absolute) {
         if (self->unit != 1 && ts > (long long)(UINT64_MAX / (uint64_t)self->unit)) {
             PyErr_SetString(PyExc_OverflowError, "timestamp out of range");
             return -1; /* the callers hand such readings to Python first */
@@ -254,7 +287,7 @@ emit(Encoder *self, long long ts, long long last, const char *body, Py_ssize_t b
     else {
         stamp = (uint64_t)(ts - last);
     }
-    Py_ssize_t inner = body_len + value_len + (absolute ? 3 : 0) + 1 + vlen(stamp);
+    Py_ssize_t inner = body_len + value_len + (absolute || late_clock ? 3 : 0) + 1 + vlen(stamp);
     Py_ssize_t total = 1 + vlen((uint64_t)inner) + inner;
     PyObject *buf = self->buf;
     Py_ssize_t old = PyByteArray_GET_SIZE(buf);
@@ -269,13 +302,21 @@ emit(Encoder *self, long long ts, long long last, const char *body, Py_ssize_t b
         memcpy(p, value, (size_t)value_len);
         p += value_len;
     }
-    if (absolute) {
+    if (absolute || late_clock) {
         *p++ = (char)0xd0;
         *p++ = 0x03;
-        *p++ = 0x06;
+        *p++ = late_clock ? (char)late_clock : 0x06;
     }
     *p++ = 0x40;
     put_varint(p, stamp);
+    if (late_clock) {
+        PyObject *obj = PyLong_FromLongLong(ts);
+        if (obj == NULL)
+            return -1;
+        int rc = PyDict_SetItem(self->wdict, str_late, obj);
+        Py_DECREF(obj);
+        return rc;
+    }
     if (!absolute && set_last(self, ts) < 0)
         return -1;
     return 0;
@@ -1635,7 +1676,8 @@ PyInit__speedups(void)
         PyObject **slot;
         const char *text;
     } strings[] = {
-        {&str_last, "_last"}, {&str_dedupe, "dedupe"}, {&str_emit, "_emit"},
+        {&str_last, "_last"}, {&str_late, "_late"}, {&str_late_tag, "_late_tag"},
+        {&str_dedupe, "dedupe"}, {&str_emit, "_emit"},
         {&str_flush, "_flush_buffer"}, {&kw_track, "track"}, {&kw_name, "name"},
         {&kw_ts, "ts"}, {&kw_category, "category"}, {&kw_args, "args"},
         {&kw_flows, "flows"}, {&kw_tflows, "terminating_flows"}, {&kw_value, "value"},

@@ -21,9 +21,10 @@ Why it looks the way it does:
   are interned per sequence; timestamps are delta-encoded through an
   incremental clock (id 64) anchored by a ClockSnapshot that also records
   REALTIME, so the UI shows time of day. Events that arrive late (a worker
-  reports a start after later events were written) are written with an
-  absolute BOOTTIME timestamp, which lands at the true time and leaves the
-  delta chain alone.
+  reports a start after later events were written) land at their true time
+  and leave the delta chain alone: held by :meth:`TraceWriter.in_time_order`
+  and sorted, they are deltas on a second clock (:mod:`._late`); otherwise
+  they carry an absolute BOOTTIME timestamp.
 
 Timestamps are nanoseconds in the domain of ``clock`` (``time.time_ns`` by
 default, the one clock that all the nodes of a cluster share), recorded at a
@@ -34,8 +35,9 @@ The writer is not thread-safe: serialise calls from several threads yourself
 
 The class is built in layers, one module each: the file and its buffer
 (:mod:`._output`), track declarations (:mod:`._declare`), the slow path of
-event encoding (:mod:`._events`), and here the public event calls and their
-hot path; the bytes themselves are framed by :mod:`._encoding`.
+event encoding (:mod:`._events`), late events in time order (:mod:`._late`),
+and here the public event calls and their hot path; the bytes themselves
+are framed by :mod:`._encoding`.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from tracer.format._encoding import (
     _timestamp_type_error,
     _varint_value,
 )
-from tracer.format._events import _EventEncoding
+from tracer.format._late import _LateEvents
 from tracer.format._wire import field_bytes, field_varint, packet, varint
 from tracer.format.counter_sequence import CounterSequence
 from tracer.format.tracks import CounterTrack, Track
@@ -94,7 +96,7 @@ __all__ = [
     "TraceWriter",
 ]
 
-class TraceWriter(_EventEncoding):
+class TraceWriter(_LateEvents):
     """Writes one Perfetto trace file, streaming.
 
     >>> with TraceWriter("run.perfetto-trace") as w:  # doctest: +SKIP
