@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,41 @@ def test_rays_states_split_each_dispatched_slice(run: TraceModel) -> None:
         for a, b in itertools.pairwise(states):
             assert a.end_ts == b.ts  # each state lasts until the next
         assert states[-1].end_ts == d.end_ts or names[-1] == L.STATE_RUNNING
+
+
+def test_late_facts_are_written_as_deltas_on_the_late_chain(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """Executions (drawn when the runner receives their tasks) and Ray's phases and
+    states (a second later) are behind the rest of the trace: written in time order
+    (RunTimeline.late_batch), they are deltas on the writer's second clock, not
+    absolute timestamps (~30% of a level-1 trace of no-op tasks)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as perfetto_pb2
+
+    from tracer.ray import wait_for_traces
+
+    path = tmp_path / "late.perfetto-trace"
+    Pipeline(list(range(NUM_PARTITIONS)), [Stage("inc", _inc), Stage("neg", _neg)]).run(
+        tracing_level=1, trace_path=path, progress=False
+    )
+    wait_for_traces(path)
+    trace = perfetto_pb2.Trace.FromString(path.read_bytes())
+    packets = []
+    for packet in trace.packet:
+        if packet.HasField("compressed_packets"):
+            inner = zlib.decompress(packet.compressed_packets)
+            packets.extend(perfetto_pb2.Trace.FromString(inner).packet)
+        else:
+            packets.append(packet)
+    clocks = [p.timestamp_clock_id for p in packets if p.HasField("track_event")]
+    late = [c for c in clocks if 65 <= c <= 127]
+    # Per execution: its slice, Ray's span, phases and states, its task's ends.
+    assert len(late) >= 2 * NUM_PARTITIONS * 10, clocks
+    assert clocks.count(6) <= len(late) // 10
+    model = load(path)
+    names = (L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS)
+    phases = [s for s in model.slices if s.category == L.CAT_RAY and s.name in names]
+    assert len(phases) >= 2 * NUM_PARTITIONS * 2
 
 
 def _job_id() -> str:

@@ -350,12 +350,13 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
             # Retried or failed tasks: their earlier attempts may be in the actor (or queued
             # for it, if it is still starting: then this waits for it).
             self._actor.drain(wait=True)
-        for task in tasks:
-            error = errors.get(task.task_id)
-            if error is None:
-                self._finish_task(task, task.received_ts, None)
-            else:
-                self._record_failure(task.task_id, error, task.received_ts, task)
+        with self._timeline.late_batch():  # their slices end, and they ran, in the past
+            for task in tasks:
+                error = errors.get(task.task_id)
+                if error is None:
+                    self._finish_task(task, task.received_ts, None)
+                else:
+                    self._record_failure(task.task_id, error, task.received_ts, task)
         self._completing = []
         self._unreported.update(errors)
 
@@ -462,9 +463,12 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
 
     def _drain_metrics(self) -> None:
         """Fetch measurements of received tasks (return channel) and of the actor channel."""
-        self._returns.drain()
-        if self._actor is not None:
-            self._actor.drain()
+        if not self._returns.pending and self._actor is None:
+            return  # the common case, once per wave: nothing waits
+        with self._timeline.late_batch():
+            self._returns.drain()
+            if self._actor is not None:
+                self._actor.drain()
 
     def _memory_watermark(self) -> int:
         """No execution still to come can start before this: the earliest dispatch in flight."""

@@ -326,9 +326,12 @@ class ExecutionTracer:
     def _write_ready(self, watermark: int | None) -> None:
         """Write the queued executions that start before ``watermark`` (None: all)."""
         ready = self._ready
-        while ready and (watermark is None or ready[0][0] <= watermark):
-            _, _, m, task = heapq.heappop(ready)
-            self._timeline.execution(m, task)
+        if not ready:
+            return
+        with self._timeline.late_batch():
+            while ready and (watermark is None or ready[0][0] <= watermark):
+                _, _, m, task = heapq.heappop(ready)
+                self._timeline.execution(m, task)
 
     def _watermark(self) -> int:
         """No execution still to come can start before this: the earliest dispatch pending."""

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from tracer.format import CounterTrack, TraceWriter, Track
@@ -377,6 +378,18 @@ class RunTimeline:
 
     # ------------------------------------------------------------ executions
 
+    def late_batch(self) -> AbstractContextManager[None]:
+        """Around a batch of late facts (executions received, Ray's events): written sorted.
+
+        Executions are drawn when the runner receives their tasks, Ray's
+        events a second or more after the tasks ran: behind the rest of the
+        trace. Sorted, they go on the writer's second delta clock
+        (:meth:`~tracer.format.TraceWriter.in_time_order`) at 1-2 bytes a
+        timestamp rather than an absolute one each (~5 bytes compressed): a
+        level-1 trace of 2000 no-op tasks is ~30% smaller.
+        """
+        return self.writer.in_time_order()
+
     def execution(self, m: Measurements, task: TimelineTask | None) -> None:
         """One execution on its worker's track; the first of a task takes the stage's arrow.
 
@@ -502,10 +515,11 @@ class RunTimeline:
         count of events Ray says it dropped, said on the execution slice.
         """
         self._ray.dropped_by_ray = max(self._ray.dropped_by_ray, dropped_by_ray)
-        if self._awaited:
-            for task, attempts in self._awaited.settle(events, final):
-                self._draw_awaited(task, attempts)
-        return self._ray.draw(events, final)
+        with self.late_batch():  # a second or more late
+            if self._awaited:
+                for task, attempts in self._awaited.settle(events, final):
+                    self._draw_awaited(task, attempts)
+            return self._ray.draw(events, final)
 
     def _draw_awaited(self, task: TimelineTask, attempts: list[RayTaskEvents]) -> None:
         """The executions of an awaited task, one per attempt that ran a body; a mark
