@@ -274,6 +274,31 @@ def test_keyword_calls_and_counters_are_held_too(tmp_path: Path) -> None:
     assert [(c.ts, c.value) for c in model.counters] == [(START + MS, 3), (START + 5 * MS, 7)]
 
 
+def test_a_block_holding_very_many_events_writes_them_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory stays bounded: past the limit, what is held is written; each track's
+    order still holds, and the late chain goes on."""
+    from tracer.format import _late
+
+    monkeypatch.setattr(_late, "_MAX_HELD", 8)
+    path = tmp_path / "many.perfetto-trace"
+    w = TraceWriter(path, clock=FakeClock(START + 100 * MS))
+    lanes = [w.track(f"lane {i}") for i in range(3)]
+    expected = []
+    with w.in_time_order():
+        for i in range(30):
+            lane = lanes[i % 3]
+            start = START + i * MS
+            w.begin(lane, "late", start)
+            w.end(lane, start + MS // 2)
+            expected.append(("late", start, MS // 2))
+            assert len(w._held or ()) < 8
+    w.close()
+    assert slices(path) == sorted(expected)
+    assert set(event_clocks(path)) == {65}
+
+
 def _hand_built(late_snapshots: list[tuple[int, int]]) -> tuple[bytes, list[Any]]:
     """A delta chain on clock 64 and, between its events, snapshots that list only BOOTTIME
     and a late clock, each followed by one slice on it: (clock id, anchor in µs)."""

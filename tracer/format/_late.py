@@ -55,6 +55,8 @@ _LAST_LATE_CLOCK = 127
 _N_LATE_CLOCKS = _LAST_LATE_CLOCK - _FIRST_LATE_CLOCK + 1
 _MISSING = object()
 _NO_KWARGS: dict[str, Any] = {}
+#: A block holds at most this many calls (~15 MB): past it, what it held is written.
+_MAX_HELD = 65536
 
 #: A held call: (sort key, ts, the writer's method, its positional args, keyword args).
 _Call = tuple[int, int, Callable[..., None], tuple[Any, ...], dict[str, Any]]
@@ -85,9 +87,11 @@ class _LateEvents(_EventEncoding):
 
         A timestamp that is not an int, or is negative, raises at the call
         (nothing is held). Anything else the writer rejects raises when the
-        block exits, and the held events after it are dropped; when the
+        held events are written, and the ones after it are dropped; when the
         block itself raised, what it held is still written. Blocks may nest:
-        the outermost one writes.
+        the outermost one writes. Held events are written when the block
+        exits, or, to bound memory, each time ``_MAX_HELD`` of them wait (at
+        the call that met the limit).
         """
         if self._held is not None:
             yield
@@ -120,6 +124,7 @@ class _LateEvents(_EventEncoding):
         begin, end, instant, counter = writer.begin, writer.end, writer.instant, writer.counter
         keys: dict[Any, int] = {}  # per track, the latest timestamp held
         append = held.append
+        write_held = self._write_held
 
         # Four copies of one body, inline: a call here costs what a frame costs.
         def hold_begin(track: Any, name: Any, ts: Any = None, **kw: Any) -> None:
@@ -137,6 +142,8 @@ class _LateEvents(_EventEncoding):
             if last <= ts:
                 keys[track] = last = ts
             append((last, ts, begin, (track, name, ts), kw))
+            if len(held) >= _MAX_HELD:
+                write_held(held)
 
         def hold_end(track: Any, ts: Any = None, **kw: Any) -> None:
             if ts is None:
@@ -153,6 +160,8 @@ class _LateEvents(_EventEncoding):
             if last <= ts:
                 keys[track] = last = ts
             append((last, ts, end, (track, ts), kw))
+            if len(held) >= _MAX_HELD:
+                write_held(held)
 
         def hold_instant(track: Any, name: Any, ts: Any = None, **kw: Any) -> None:
             if ts is None:
@@ -169,6 +178,8 @@ class _LateEvents(_EventEncoding):
             if last <= ts:
                 keys[track] = last = ts
             append((last, ts, instant, (track, name, ts), kw))
+            if len(held) >= _MAX_HELD:
+                write_held(held)
 
         def hold_counter(track: Any, value: Any, ts: Any = None) -> None:
             if ts is None:
@@ -185,17 +196,27 @@ class _LateEvents(_EventEncoding):
             if last <= ts:
                 keys[track] = last = ts
             append((last, ts, counter, (track, value, ts), _NO_KWARGS))
+            if len(held) >= _MAX_HELD:
+                write_held(held)
 
         return hold_begin, hold_end, hold_instant, hold_counter
 
     def _write_held(self, held: list[_Call]) -> None:
+        """Write the held calls in order of their keys, and empty the list.
+
+        Also when ``_MAX_HELD`` wait, in the middle of a block (memory stays
+        bounded): every call held until then is written, so each track's
+        order still holds.
+        """
         if not held:
             return
         held.sort(key=itemgetter(0))  # stable: each track's calls keep their order
         first = held[0][1] // self.time_unit_ns
         if first < self._last and not 0 <= self._late <= first:
             self._anchor_late(first)
-        for _, _, method, args, kw in held:
+        calls = held[:]
+        held.clear()
+        for _, _, method, args, kw in calls:
             if kw:
                 method(*args, **kw)
             else:
@@ -223,7 +244,6 @@ class _LateEvents(_EventEncoding):
         self._late_clock = clock
         self._late_tag = b"\xd0\x03" + bytes((clock,))
         self._late = units
-
 
 
 def _check(ts: Any) -> None:
