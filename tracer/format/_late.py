@@ -126,24 +126,32 @@ class _LateEvents(_EventEncoding):
         append = held.append
         write_held = self._write_held
 
-        # Four copies of one body, inline: a call here costs what a frame costs.
-        def hold_begin(track: Any, name: Any, ts: Any = None, **kw: Any) -> None:
-            if ts is None:
-                ts = now()
-            elif ts.__class__ is not int:
-                _check(ts)
-            try:
-                last = keys.get(track, -1)
-            except TypeError:  # an unhashable track: the writer says what is wrong, now
-                begin(track, name, ts, **kw)
-                return
-            if ts < 0:
-                raise InvalidArgumentError(f"timestamp {ts} is negative")
-            if last <= ts:
-                keys[track] = last = ts
-            append((last, ts, begin, (track, name, ts), kw))
-            if len(held) >= _MAX_HELD:
-                write_held(held)
+        # The same body twice, inline (a call here costs what a frame costs): for the
+        # methods of (track, name or value, ts), and for end's (track, ts).
+        def holding(method: Callable[..., None], second: str) -> Callable[..., None]:
+            def hold(track: Any, what: Any = _MISSING, ts: Any = None, **kw: Any) -> None:
+                if what is _MISSING:  # given by keyword (name=, value=)
+                    if second not in kw:
+                        raise TypeError(f"{method.__name__}() is missing {second!r}")
+                    what = kw.pop(second)
+                if ts is None:
+                    ts = now()
+                elif ts.__class__ is not int:
+                    _check(ts)
+                try:
+                    last = keys.get(track, -1)
+                except TypeError:  # an unhashable track: the writer says what is wrong, now
+                    method(track, what, ts, **kw)
+                    return
+                if ts < 0:
+                    raise InvalidArgumentError(f"timestamp {ts} is negative")
+                if last <= ts:
+                    keys[track] = last = ts
+                append((last, ts, method, (track, what, ts), kw))
+                if len(held) >= _MAX_HELD:
+                    write_held(held)
+
+            return hold
 
         def hold_end(track: Any, ts: Any = None, **kw: Any) -> None:
             if ts is None:
@@ -163,43 +171,8 @@ class _LateEvents(_EventEncoding):
             if len(held) >= _MAX_HELD:
                 write_held(held)
 
-        def hold_instant(track: Any, name: Any, ts: Any = None, **kw: Any) -> None:
-            if ts is None:
-                ts = now()
-            elif ts.__class__ is not int:
-                _check(ts)
-            try:
-                last = keys.get(track, -1)
-            except TypeError:
-                instant(track, name, ts, **kw)
-                return
-            if ts < 0:
-                raise InvalidArgumentError(f"timestamp {ts} is negative")
-            if last <= ts:
-                keys[track] = last = ts
-            append((last, ts, instant, (track, name, ts), kw))
-            if len(held) >= _MAX_HELD:
-                write_held(held)
-
-        def hold_counter(track: Any, value: Any, ts: Any = None) -> None:
-            if ts is None:
-                ts = now()
-            elif ts.__class__ is not int:
-                _check(ts)
-            try:
-                last = keys.get(track, -1)
-            except TypeError:
-                counter(track, value, ts)
-                return
-            if ts < 0:
-                raise InvalidArgumentError(f"timestamp {ts} is negative")
-            if last <= ts:
-                keys[track] = last = ts
-            append((last, ts, counter, (track, value, ts), _NO_KWARGS))
-            if len(held) >= _MAX_HELD:
-                write_held(held)
-
-        return hold_begin, hold_end, hold_instant, hold_counter
+        return (holding(begin, "name"), hold_end, holding(instant, "name"),
+                holding(counter, "value"))
 
     def _write_held(self, held: list[_Call]) -> None:
         """Write the held calls in order of their keys, and empty the list.
