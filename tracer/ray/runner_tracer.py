@@ -169,7 +169,6 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
 
     # ------------------------------------------------------------------ tasks
 
-    @guarded
     def task_created(
         self,
         task_id: str,
@@ -180,6 +179,19 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         stage_name: str | None = None,
     ) -> None:
         """A task left the plan. ``resource_request`` has num_cpus, num_gpus, memory_bytes."""
+        # Once per task: the guard (see tracer.ray.guard) spelled out, one call fewer.
+        if self._disabled:
+            return
+        try:
+            with self._lock:
+                self._task_created(task_id, stage_id, resource_request, instructions, stage_name)
+        except Exception as exc:
+            self._disable(exc)
+
+    def _task_created(
+        self, task_id: str, stage_id: int, resource_request: ResourceRequest | Any,
+        instructions: str | None, stage_name: str | None,
+    ) -> None:
         request = as_request(resource_request)
         now = self.writer.now()
         task_id = str(task_id)

@@ -108,7 +108,10 @@ class MemoryTrace:
         heap_peak = _int_or_none(m.get("heap_peak"))
         uss_peak = _int_or_none(m.get("uss_peak"))
         rss_peak = _int_or_none(m.get("rss_peak"))
-        peak = next((p for p in (heap_peak, uss_peak, rss_peak) if p is not None), None)
+        # The heap's peak when memray measured it, else the USS's, else the RSS's.
+        peak = heap_peak if heap_peak is not None else (
+            uss_peak if uss_peak is not None else rss_peak
+        )
         if peak is not None:
             args[L.ARG_MEMORY_PEAK] = peak
         over = bool(requested) and peak is not None and peak > int(requested or 0)
@@ -255,6 +258,8 @@ def _kib_or_none(nbytes: Any) -> int | None:
 
 
 def _int_or_none(value: Any) -> int | None:
+    if value.__class__ is int:  # what a task reports (the common case, first)
+        return value
     if value is None or isinstance(value, bool):
         return None
     try:
