@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_bytes import uncompressed
 from trace_helpers import FakeClock, trace_bytes
 
 from tracer._proto import perfetto_trace_subset_pb2 as pb
@@ -39,15 +40,7 @@ def encoder(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def packets(path: Path) -> list[pb.TracePacket]:
     """Every packet of the file, compressed bundles opened."""
-    import zlib
-
-    out: list[pb.TracePacket] = []
-    for packet in pb.Trace.FromString(path.read_bytes()).packet:
-        if packet.HasField("compressed_packets"):
-            out.extend(pb.Trace.FromString(zlib.decompress(packet.compressed_packets)).packet)
-        else:
-            out.append(packet)
-    return out
+    return list(pb.Trace.FromString(uncompressed(path.read_bytes())).packet)
 
 
 def event_clocks(path: Path) -> list[int]:

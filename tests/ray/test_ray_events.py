@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ray_trace_checks import load
+from trace_bytes import uncompressed
 
 from tracer.format.model import Slice, TraceModel
 from tracer.ray import layout as L
@@ -114,14 +114,7 @@ def test_late_facts_are_written_as_deltas_on_the_late_chain(
         tracing_level=1, trace_path=path, progress=False
     )
     wait_for_traces(path)
-    trace = perfetto_pb2.Trace.FromString(path.read_bytes())
-    packets = []
-    for packet in trace.packet:
-        if packet.HasField("compressed_packets"):
-            inner = zlib.decompress(packet.compressed_packets)
-            packets.extend(perfetto_pb2.Trace.FromString(inner).packet)
-        else:
-            packets.append(packet)
+    packets = perfetto_pb2.Trace.FromString(uncompressed(path.read_bytes())).packet
     clocks = [p.timestamp_clock_id for p in packets if p.HasField("track_event")]
     late = [c for c in clocks if 65 <= c <= 127]
     # Per execution: its slice, Ray's span, phases and states, its task's ends.
