@@ -188,6 +188,47 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     assert fact.worker_pid > 0 and len(fact.node_id) == 56 and fact.name == "noop"
 
 
+_BIG_JOB_SCRIPT = textwrap.dedent(
+    """
+    import time
+    import ray
+    from tracer.ray.ray_events import GcsQuery, RayEventSource
+
+    ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False)
+
+    @ray.remote
+    def noop():
+        return 1
+
+    # 30 tasks with 200 KB names: Ray's events of the job weigh ~12 MB, as ~14,000 no-op
+    # tasks' would, past gRPC's default 4 MiB cap on a reply.
+    refs = [noop.options(name="t" + "x" * 200_000).remote() for _ in range(30)]
+    ray.get(refs)
+    ids = [ref.task_id().hex() for ref in refs]
+    source = RayEventSource(ray.get_runtime_context().get_job_id(),
+                            [GcsQuery(ray.get_runtime_context().gcs_address)])
+    deadline = time.monotonic() + 20
+    found = 0
+    while found < len(ids) and time.monotonic() < deadline:
+        found = len({f.ray_task_id for f in source.read(ids, timeout=30) if f.ended})
+        time.sleep(0.2)
+    print(found, source.name)
+    """
+)
+
+
+def test_a_job_bigger_than_grpcs_default_reply_is_read_from_the_gcs(tmp_path: Path) -> None:
+    """A job whose events pass gRPC's default 4 MiB reply cap is still one GCS query: that
+    read used to fail, and every later one went to the read of every job's events."""
+    script = tmp_path / "big_job.py"
+    script.write_text(_BIG_JOB_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script)], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert out.stdout.split() == ["30", "gcs"], out.stderr[-2000:]
+
+
 class _Counting:
     """The real GCS query, counting the job and one-task queries asked of it."""
 

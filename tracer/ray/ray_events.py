@@ -167,9 +167,16 @@ class GcsQuery:
         from ray._private.grpc_utils import init_grpc_channel
         from ray.core.generated import gcs_service_pb2_grpc
 
-        self._channel = init_grpc_channel(
-            gcs_address, ray_constants.GLOBAL_GRPC_OPTIONS, asynchronous=False
-        )
+        # gRPC's default cap on a reply is 4 MiB, about 4,700 tasks of a job: a bigger job's
+        # read failed and fell back to reading every job's events. Ray's state API lifts it
+        # to Ray's own cap (512 MiB: more than the 100,000 task attempts Ray keeps).
+        limit = int(getattr(ray_constants, "GRPC_CPP_MAX_MESSAGE_SIZE", 512 * 1024 * 1024))
+        options = [
+            *ray_constants.GLOBAL_GRPC_OPTIONS,
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ]
+        self._channel = init_grpc_channel(gcs_address, options, asynchronous=False)
         self._stub = gcs_service_pb2_grpc.TaskInfoGcsServiceStub(self._channel)
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
