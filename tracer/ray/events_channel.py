@@ -17,7 +17,9 @@ quarters of it, or half of what Ray keeps (each task is then sent about 1.33
 times, however long the run),
 and the close, instead of reading the job every 0.2 s until the last events
 came, asks for each worker's last execution alone until Ray has them, then
-reads the job once.
+reads the job once. A driver whose job already ran more tasks than a run
+wants reads the tasks that finished last instead of the job
+(:meth:`~tracer.ray.ray_events.GcsQuery.recent`).
 
 Reading goes through :mod:`tracer.ray.ray_events`; drawing through the run
 timeline. ``TRACER_RAY_EVENTS=0`` turns the channel off.
@@ -159,7 +161,9 @@ class RayEventsChannel:
             return True
         if at_flush and not self._source.worth_reading(len(wanted), _READ_SHARE):
             return False
-        return self._draw(self._source.read(wanted, _READ_TIMEOUT_S), final)
+        # Past the flushes (the close, once the probes came) Ray should have them all.
+        facts = self._source.read(wanted, _READ_TIMEOUT_S, complete=not at_flush)
+        return self._draw(facts, final)
 
     def _draw(self, facts: list[RayTaskEvents], final: bool) -> bool:
         with self._lock:
