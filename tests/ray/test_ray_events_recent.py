@@ -276,3 +276,30 @@ def test_a_read_whose_limit_falls_short_of_the_last_front_goes_deeper() -> None:
     facts = source.read([_tid(5000).hex()])
     assert [f.ray_task_id for f in facts] == [_tid(5000).hex()]
     assert len(storage.limits) <= 4 and storage.limits[-1] >= 2000 + 10 + 1
+
+
+def test_a_job_that_is_a_small_part_of_what_ray_holds_is_read_as_a_job() -> None:
+    """A recent read has Ray's GCS copy every task it holds, of every job: on a cluster
+    whose other jobs hold far more than this one, a read of the job costs less."""
+
+    class _Jobs(_Storage):
+        def __init__(self) -> None:
+            super().__init__()
+            self.job_reads = 0
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            self.job_reads += 1
+            return Reply(list(self.events), 0, len(self.events))
+
+    storage = _Jobs()
+    for i in range(50):
+        storage.finish(_tid(i))
+    wanted = [_tid(i).hex() for i in range(50)]
+    source = RayEventSource("01000000", [storage])
+    source.stored, source.held = 500, 1000  # this job holds half of what Ray holds
+    source._one_task_s = 1.0
+    assert len(source.read(wanted)) == 50 and storage.limits and not storage.job_reads
+    source = RayEventSource("01000000", [storage])
+    source.stored, source.held = 500, 5000  # a tenth
+    source._one_task_s = 1.0
+    assert len(source.read(wanted)) == 50 and storage.job_reads == 1

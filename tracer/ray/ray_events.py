@@ -60,8 +60,9 @@ __all__ = [
 #: A GCS round trip for one task id, before one was measured (seconds).
 _ONE_TASK_COST_S = 0.0006
 #: By job id: what reads of the job measured (one task's query s, the job's query s, a
-#: recent query's s, the tasks Ray held), for the next source of the same job.
-_MEASURED: dict[bytes, tuple[float, float | None, float | None, int]] = {}
+#: recent query's s, the job's tasks Ray held, all tasks Ray held), for the next source
+#: of the same job.
+_MEASURED: dict[bytes, tuple[float, float | None, float | None, int, int]] = {}
 #: A recent read asks for this many task attempts beyond those wanted (other jobs' tasks,
 #: retries, ends that reached Ray meanwhile) ...
 _RECENT_SLACK = 64
@@ -328,16 +329,18 @@ class RayEventSource:
         self._queries: list[Query] = list(queries) if queries is not None else _sources()
         # What earlier runs of the driver measured of its job (a long-lived driver's job
         # holds every earlier run's tasks: a first query of it can take seconds).
-        self._one_task_s, self._job_s, self._recent_s, stored = _MEASURED.get(
-            self.job_id, (_ONE_TASK_COST_S, None, None, 0)
+        self._one_task_s, self._job_s, self._recent_s, stored, held = _MEASURED.get(
+            self.job_id, (_ONE_TASK_COST_S, None, None, 0, 0)
         )
         #: Seconds the last read took (the channel spaces reads by it).
         self.last_cost_s = 0.0
         #: Events Ray says it dropped (the most any reply said).
         self.dropped = 0
-        #: Task attempts Ray held at the last query of many: the job's, or (a recent
-        #: query) all it holds. 0: none read yet.
+        #: Task attempts of the job Ray holds: as the last job query said, plus the new
+        #: ones recent queries found since. 0: none read yet.
         self.stored = stored
+        #: Task attempts of every job Ray held at the last recent query (0: none yet).
+        self.held = held
         # Where the last recent read found the tasks it was asked for (positions in Ray's
         # newest-first order), and which task attempt came first: a task still wanted is
         # now deeper by what finished since (see _recent_limit).
@@ -383,7 +386,7 @@ class RayEventSource:
         """
         cap = ray_cap()
         if self._queries and self._recent_for(self._queries[0], wanted) is not None:
-            sent = wanted + int(_COPY_SHARE * min(self.stored, cap))
+            sent = wanted + int(_COPY_SHARE * min(self.held or self.stored, cap))
         else:
             sent = min(self.stored + wanted, cap)
         return wanted > 0 and (wanted >= share * sent or wanted >= cap // 2)
@@ -420,7 +423,7 @@ class RayEventSource:
                 continue
             self.last_cost_s = time.perf_counter() - t0
             _MEASURED[self.job_id] = (
-                self._one_task_s, self._job_s, self._recent_s, self.stored
+                self._one_task_s, self._job_s, self._recent_s, self.stored, self.held
             )
             return events
         return []
@@ -466,6 +469,9 @@ class RayEventSource:
         recent = getattr(query, "recent", None)
         if recent is None or self._read_job or self.stored < _RECENT_RATIO * wanted:
             return None
+        # It copies all Ray holds, of every job; a read of the job sends the job's.
+        if _COPY_SHARE * (self.held or self.stored) >= self.stored:
+            return None
         return recent
 
     def _read_recent(
@@ -492,7 +498,7 @@ class RayEventSource:
                 break
             if prior and shift is not None and shift < 0:  # more than the limit finished
                 # Ray holds that many more tasks now (less what it evicted meanwhile).
-                since = reply.stored - self.stored
+                since = reply.stored - self.held
                 needed = max(2 * limit, since + max(prior) + 1 + _RECENT_SLACK)
             elif prior and shift is not None:  # each is deeper by what finished since
                 needed = shift + max(prior) + 1 + _RECENT_SLACK
@@ -505,7 +511,7 @@ class RayEventSource:
             limit = needed
         self._recent_s = time.perf_counter() - t0
         self.dropped = max(self.dropped, reply.dropped)
-        self.stored = reply.stored or len(reply.events)
+        self.held = reply.stored or len(reply.events)
         facts: list[RayTaskEvents] = []
         depth: dict[str, int] = {}
         for i, (task_id, ev) in enumerate(zip(ids, reply.events, strict=True)):
@@ -513,6 +519,7 @@ class RayEventSource:
                 depth[task_id] = i
                 facts.append(_fact(ev, task_id))
         found = len(depth)
+        self.stored += sum(1 for task_id in depth if task_id not in self._depth)  # new ones
         # Those found before and not now (past the limit) are deeper by what finished since.
         moved = len(reply.events) if shift is None or shift < 0 else shift
         for task_id, i in self._depth.items():
