@@ -77,6 +77,17 @@ typedef struct {
     int closed;
     /* Calls taken here (cached events, events with args) and handed to Python. */
     unsigned long long n_cached, n_args, n_python;
+    /* While TraceWriter.in_time_order holds calls (tracer/format/_late.py): the list
+     * they go to, the per-track latest timestamps (their sort keys), the Python
+     * holders that take what this does not (begin, end, instant, counter), the
+     * bound methods replayed, the writer's _write_held, and its limit. NULL: none. */
+    PyObject *held;
+    PyObject *held_keys;
+    PyObject *holders;
+    PyObject *bound;
+    PyObject *write_held;
+    PyObject *no_kwargs;
+    Py_ssize_t max_held;
     /* Scratch space, reused from event to event: the TrackEvent, the strings it
      * defines, one annotation, the packet body. */
     Scratch event;
@@ -1015,15 +1026,205 @@ named_event(Encoder *self, int kind, PyObject *cache, PyObject *fb, PyObject *co
     return r;
 }
 
+/* ------------------------------------------------------------ held calls */
+
+/* A call made while in_time_order holds: appended to the held list as the Python
+ * holders in _late.py would, as (sort key, ts, bound method, args, kwargs), or
+ * handed to the Python holder (`which`: 0 begin, 1 end, 2 instant, 3 counter) for
+ * anything but positional (track, name or value, ts) with ts an int >= 0. */
+static PyObject *
+hold_call(Encoder *self, int which, PyObject *const *args, Py_ssize_t nargs,
+          PyObject *kwnames)
+{
+    Py_ssize_t ts_pos = which == 1 ? 1 : 2;
+    PyObject *holder = PyTuple_GET_ITEM(self->holders, which);
+    if (nargs != ts_pos + 1 || !PyLong_CheckExact(args[ts_pos]))
+        return PyObject_Vectorcall(holder, args, nargs, kwnames);
+    PyObject *track = args[0], *ts = args[ts_pos];
+    int overflow = 0;
+    long long when = PyLong_AsLongLongAndOverflow(ts, &overflow);
+    if (overflow || when < 0) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(holder, args, nargs, kwnames); /* it says what is wrong */
+    }
+    PyObject *method = PyTuple_GET_ITEM(self->bound, which);
+    PyObject *last = PyDict_GetItemWithError(self->held_keys, track);
+    long long last_v = -1;
+    if (last == NULL) {
+        if (PyErr_Occurred()) {
+            /* An unhashable track: the writer says what is wrong, now (not held). */
+            PyErr_Clear();
+            PyObject *held = self->held;
+            self->held = NULL;
+            PyObject *r = PyObject_Vectorcall(method, args, nargs, kwnames);
+            self->held = held;
+            return r;
+        }
+    }
+    else {
+        last_v = PyLong_AsLongLong(last);
+        if (last_v == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *key = last;
+    if (last_v <= when) {
+        if (PyDict_SetItem(self->held_keys, track, ts) < 0)
+            return NULL;
+        key = ts;
+    }
+    PyObject *positional = PyTuple_New(nargs);
+    if (positional == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
+    PyObject *kw;
+    if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) {
+        kw = Py_NewRef(self->no_kwargs);
+    }
+    else {
+        kw = PyDict_New();
+        if (kw == NULL) {
+            Py_DECREF(positional);
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) < 0) {
+                Py_DECREF(kw);
+                Py_DECREF(positional);
+                return NULL;
+            }
+        }
+    }
+    PyObject *call = PyTuple_Pack(5, key, ts, method, positional, kw);
+    Py_DECREF(positional);
+    Py_DECREF(kw);
+    if (call == NULL)
+        return NULL;
+    /* Out of the cycle collector's sight: a held call lives until the batch is written,
+     * long enough to be carried into the oldest generation, whose collections then walk
+     * the whole heap (a level-1 Ray run spent ~15-30 us a task in them). The list frees
+     * them; what they refer to is referred to elsewhere too. */
+    PyObject_GC_UnTrack(call);
+    PyObject_GC_UnTrack(positional);
+    if (kw != self->no_kwargs)
+        PyObject_GC_UnTrack(kw);
+    int rc = PyList_Append(self->held, call);
+    Py_DECREF(call);
+    if (rc < 0)
+        return NULL;
+    if (PyList_GET_SIZE(self->held) >= self->max_held) { /* memory stays bounded */
+        PyObject *held = Py_NewRef(self->held);
+        PyObject *r = PyObject_CallOneArg(self->write_held, held);
+        Py_DECREF(held);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Encoder.hold(held, keys, holders, write_held, max_held): calls are held from now. */
+static PyObject *
+Encoder_hold(Encoder *self, PyObject *args)
+{
+    PyObject *held, *keys, *holders, *write_held;
+    Py_ssize_t max_held;
+    if (!PyArg_ParseTuple(args, "O!O!O!On", &PyList_Type, &held, &PyDict_Type, &keys,
+                          &PyTuple_Type, &holders, &write_held, &max_held))
+        return NULL;
+    if (PyTuple_GET_SIZE(holders) != 4 || max_held < 1) {
+        PyErr_SetString(PyExc_ValueError, "hold(): four holders and a positive limit");
+        return NULL;
+    }
+    const char *names[4] = {"begin", "end", "instant", "counter"};
+    PyObject *bound = PyTuple_New(4);
+    if (bound == NULL)
+        return NULL;
+    for (int i = 0; i < 4; i++) {
+        PyObject *m = PyObject_GetAttrString((PyObject *)self, names[i]);
+        if (m == NULL) {
+            Py_DECREF(bound);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(bound, i, m);
+    }
+    if (self->no_kwargs == NULL) {
+        self->no_kwargs = PyDict_New();
+        if (self->no_kwargs == NULL) {
+            Py_DECREF(bound);
+            return NULL;
+        }
+    }
+    Py_XSETREF(self->bound, bound);
+    Py_XSETREF(self->held, Py_NewRef(held));
+    Py_XSETREF(self->held_keys, Py_NewRef(keys));
+    Py_XSETREF(self->holders, Py_NewRef(holders));
+    Py_XSETREF(self->write_held, Py_NewRef(write_held));
+    self->max_held = max_held;
+    Py_RETURN_NONE;
+}
+
+/* Encoder.unhold(): calls are written again as they come. */
+static PyObject *
+Encoder_unhold(Encoder *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->held_keys);
+    Py_CLEAR(self->holders);
+    Py_CLEAR(self->bound);
+    Py_CLEAR(self->write_held);
+    Py_RETURN_NONE;
+}
+
+/* Encoder.replay(calls): each held call (key, ts, method, args, kwargs) made, in order,
+ * with nothing held meanwhile; the first that raises stops it (the rest are dropped). */
+static PyObject *
+Encoder_replay(Encoder *self, PyObject *calls)
+{
+    if (!PyList_CheckExact(calls)) {
+        PyErr_SetString(PyExc_TypeError, "replay() takes a list");
+        return NULL;
+    }
+    PyObject *held = self->held; /* the limit's write, in the middle of a block */
+    self->held = NULL;
+    PyObject *result = Py_None;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++) {
+        PyObject *call = PyList_GET_ITEM(calls, i);
+        if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 5
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(call, 3))) {
+            PyErr_SetString(PyExc_TypeError, "replay(): not a held call");
+            result = NULL;
+            break;
+        }
+        Py_INCREF(call);
+        PyObject *kw = PyTuple_GET_ITEM(call, 4);
+        PyObject *r = PyObject_Call(PyTuple_GET_ITEM(call, 2), PyTuple_GET_ITEM(call, 3),
+                                    PyDict_Check(kw) && PyDict_GET_SIZE(kw) ? kw : NULL);
+        Py_DECREF(call);
+        if (r == NULL) {
+            result = NULL;
+            break;
+        }
+        Py_DECREF(r);
+    }
+    self->held = held;
+    return result == NULL ? NULL : Py_NewRef(Py_None);
+}
+
 static PyObject *
 Encoder_begin(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (self->held != NULL)
+        return hold_call(self, 0, args, nargs, kwnames);
     return named_event(self, KIND_BEGIN, self->begin_cache, self->fb_begin, args, nargs, kwnames);
 }
 
 static PyObject *
 Encoder_instant(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (self->held != NULL)
+        return hold_call(self, 2, args, nargs, kwnames);
     return named_event(self, KIND_INSTANT, self->instant_cache, self->fb_instant, args, nargs,
                        kwnames);
 }
@@ -1031,6 +1232,8 @@ Encoder_instant(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject
 static PyObject *
 Encoder_end(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (self->held != NULL)
+        return hold_call(self, 1, args, nargs, kwnames);
     PyObject *names[4] = {kw_track, kw_ts, kw_args, kw_flows};
     PyObject *a[4];
     if (self->closed || !parse(args, nargs, kwnames, names, 4, 2, 1, a))
@@ -1067,6 +1270,8 @@ Encoder_end(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
 static PyObject *
 Encoder_counter(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (self->held != NULL)
+        return hold_call(self, 3, args, nargs, kwnames);
     PyObject *names[3] = {kw_track, kw_value, kw_ts};
     PyObject *a[3];
     if (self->closed || !parse(args, nargs, kwnames, names, 3, 3, 2, a))
@@ -1579,6 +1784,12 @@ Encoder_traverse(Encoder *self, visitproc visit, void *arg)
     Py_VISIT(self->fb_end);
     Py_VISIT(self->fb_instant);
     Py_VISIT(self->fb_counter);
+    Py_VISIT(self->held);
+    Py_VISIT(self->held_keys);
+    Py_VISIT(self->holders);
+    Py_VISIT(self->bound);
+    Py_VISIT(self->write_held);
+    Py_VISIT(self->no_kwargs);
     return 0;
 }
 
@@ -1606,6 +1817,12 @@ Encoder_clear(Encoder *self)
     Py_CLEAR(self->fb_end);
     Py_CLEAR(self->fb_instant);
     Py_CLEAR(self->fb_counter);
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->held_keys);
+    Py_CLEAR(self->holders);
+    Py_CLEAR(self->bound);
+    Py_CLEAR(self->write_held);
+    Py_CLEAR(self->no_kwargs);
     return 0;
 }
 
@@ -1641,6 +1858,11 @@ static PyMethodDef Encoder_methods[] = {
      "TraceWriter.counter, in C (see tracer.format.writer)."},
     {"stats", (PyCFunction)Encoder_stats, METH_NOARGS,
      "How many calls were taken here (cached events, events with args) and handed to Python."},
+    {"hold", (PyCFunction)Encoder_hold, METH_VARARGS,
+     "hold(held, keys, holders, write_held, max_held): hold calls (TraceWriter.in_time_order)."},
+    {"unhold", (PyCFunction)Encoder_unhold, METH_NOARGS, "Stop holding calls."},
+    {"replay", (PyCFunction)Encoder_replay, METH_O,
+     "replay(calls): make held calls in order, holding none meanwhile."},
     {"stop", (PyCFunction)Encoder_stop, METH_NOARGS,
      "From now on every call goes to the writer's Python methods (the writer closed)."},
     {NULL, NULL, 0, NULL},
