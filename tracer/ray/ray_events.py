@@ -320,8 +320,11 @@ class RayEventSource:
     Per read, one query per task id costs about ``n x`` a round trip, one
     query of the job costs what the job's stored events cost to send and
     parse (it grows with every task the job ran, up to Ray's cap). Both costs
-    are measured as they happen, and each read takes the cheaper. A source
-    that raises is dropped for the next one.
+    are measured as they happen, and each read takes the cheaper. A job that
+    already held as many tasks as are wanted (a long-lived driver's later
+    runs) is read by what finished last instead (:meth:`GcsQuery.recent`,
+    :data:`_RECENT_RATIO`), until the job is read. A source that raises is
+    dropped for the next one.
     """
 
     def __init__(self, job_id: str, queries: Sequence[Query] | None = None) -> None:
