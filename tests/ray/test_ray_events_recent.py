@@ -220,6 +220,18 @@ class _Storage:
         pass
 
 
+#: Not a job of the session's Ray (its first job is 01000000): nothing measured of it.
+_FAKE_JOB = "7f000000"
+
+
+@pytest.fixture(autouse=True)
+def _nothing_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from no earlier source's measurements (they are kept by job)."""
+    from tracer.ray import ray_events
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})
+
+
 def _tid(i: int) -> bytes:
     return i.to_bytes(24, "big")
 
@@ -231,7 +243,7 @@ def test_a_task_found_without_its_workers_events_is_found_again_deeper() -> None
     storage = _Storage()
     for i in range(1000):  # the job's past
         storage.finish(_tid(i))
-    source = RayEventSource("01000000", [storage])
+    source = RayEventSource(_FAKE_JOB, [storage])
     source.stored = 1000
     first = [_tid(1000 + i) for i in range(100)]
     late = storage.finish(first[0], complete=False)  # its worker has not reported yet
@@ -261,7 +273,7 @@ def test_a_read_whose_limit_falls_short_of_the_last_front_goes_deeper() -> None:
     """More tasks finished since the last read than the read asked for (another job's,
     say): the last read's first task is past the limit, and the read asks again."""
     storage = _Storage()
-    source = RayEventSource("01000000", [storage])
+    source = RayEventSource(_FAKE_JOB, [storage])
     source.stored = 1000
     for i in range(1000):
         storage.finish(_tid(i))
@@ -295,11 +307,11 @@ def test_a_job_that_is_a_small_part_of_what_ray_holds_is_read_as_a_job() -> None
     for i in range(50):
         storage.finish(_tid(i))
     wanted = [_tid(i).hex() for i in range(50)]
-    source = RayEventSource("01000000", [storage])
+    source = RayEventSource(_FAKE_JOB, [storage])
     source.stored, source.held = 500, 1000  # this job holds half of what Ray holds
     source._one_task_s = 1.0
     assert len(source.read(wanted)) == 50 and storage.limits and not storage.job_reads
-    source = RayEventSource("01000000", [storage])
+    source = RayEventSource(_FAKE_JOB, [storage])
     source.stored, source.held = 500, 5000  # a tenth
     source._one_task_s = 1.0
     assert len(source.read(wanted)) == 50 and storage.job_reads == 1
