@@ -315,3 +315,23 @@ def test_a_job_that_is_a_small_part_of_what_ray_holds_is_read_as_a_job() -> None
     source.stored, source.held = 500, 5000  # a tenth
     source._one_task_s = 1.0
     assert len(source.read(wanted)) == 50 and storage.job_reads == 1
+
+
+def test_a_recent_read_that_fails_leaves_the_job_read_not_the_source() -> None:
+    """A Ray whose GCS rejects the recent query (no limit, say) is read by its job, and the
+    GCS source stays: the read of every job's events, the next source, costs far more."""
+
+    class _NoRecent(_Storage):
+        def recent(self, limit: int, timeout: float) -> Reply:
+            raise RuntimeError("task events query rejected: limit")
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            return Reply(list(self.events), 0, len(self.events))
+
+    storage = _NoRecent()
+    for i in range(20):
+        storage.finish(_tid(i))
+    source = RayEventSource(_FAKE_JOB, [storage])
+    source.stored, source._one_task_s = 500, 1.0
+    assert len(source.read([_tid(i).hex() for i in range(20)])) == 20
+    assert source.name == "gcs" and source._read_job
