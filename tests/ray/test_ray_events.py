@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_jobs import job_id, task_ids
 from ray_trace_checks import load
 from trace_bytes import uncompressed
 
@@ -126,24 +127,6 @@ def test_late_facts_are_written_as_deltas_on_the_late_chain(
     assert len(phases) >= 2 * NUM_PARTITIONS * 2
 
 
-def _job_id() -> str:
-    import ray
-
-    return str(ray.get_runtime_context().get_job_id())
-
-
-def _task_ids(n: int) -> list[str]:
-    import ray
-
-    @ray.remote
-    def noop(i: int) -> int:
-        return i
-
-    refs = [noop.remote(i) for i in range(n)]
-    ray.get(refs)
-    return [ref.task_id().hex() for ref in refs]
-
-
 def _read_until_complete(source: RayEventSource, ids: list[str]) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while True:
@@ -158,14 +141,14 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     facts; a source that raises is dropped for the next."""
     import ray
 
-    ids = _task_ids(5)
+    ids = task_ids(5)
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
-    by_job = _read_until_complete(RayEventSource(_job_id(), [gcs]), ids)
+    by_job = _read_until_complete(RayEventSource(job_id(), [gcs]), ids)
     assert set(by_job) == set(ids)
-    per_task = RayEventSource(_job_id(), [gcs])
+    per_task = RayEventSource(job_id(), [gcs])
     per_task._job_s = 1e9  # the job is "expensive": one query per task
     assert _read_until_complete(per_task, ids) == by_job
-    everything = _read_until_complete(RayEventSource(_job_id(), [AllEventsQuery()]), ids)
+    everything = _read_until_complete(RayEventSource(job_id(), [AllEventsQuery()]), ids)
     assert everything == by_job
 
     class Broken:
@@ -181,7 +164,7 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
             self.closed = True
 
     broken = Broken()
-    source = RayEventSource(_job_id(), [broken, AllEventsQuery()])
+    source = RayEventSource(job_id(), [broken, AllEventsQuery()])
     assert _read_until_complete(source, ids) == by_job
     assert broken.closed and source.name == "all"
     fact = by_job[ids[0]]
@@ -258,11 +241,11 @@ def test_the_cheaper_query_is_chosen_by_measured_cost(
     from tracer.ray import ray_events
 
     monkeypatch.setattr(ray_events, "_MEASURED", {})  # no earlier run measured this job
-    ids = _task_ids(3)
+    ids = task_ids(3)
     calls: list[str] = []
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
 
-    source = RayEventSource(_job_id(), [_Counting(gcs, calls)])
+    source = RayEventSource(job_id(), [_Counting(gcs, calls)])
     source.read(ids)
     assert calls == ["job"]  # its cost is unknown until measured
     source._job_s = 1.0  # a job whose events take a second to read: per task is cheaper
@@ -281,7 +264,7 @@ def test_the_cheaper_query_is_chosen_by_measured_cost(
     source._job_s = 1.0
     source.read_each(ids[:1])  # any read records what was measured
     calls.clear()
-    RayEventSource(_job_id(), [_Counting(gcs, calls)]).read(ids)
+    RayEventSource(job_id(), [_Counting(gcs, calls)]).read(ids)
     assert calls == ["task"] * 3
     gcs.close()
 
@@ -584,9 +567,9 @@ def test_a_malformed_task_id_is_never_sent_to_ray(ray_local: None) -> None:
     the driver): an id that is not one of Ray's (a runner's made-up measurements) is not
     asked for, and Ray keeps working."""
 
-    source = RayEventSource(_job_id())
+    source = RayEventSource(job_id())
     assert source.read_each(["ab" * 14, "zz"]) == []
-    ids = _task_ids(2)
+    ids = task_ids(2)
     assert set(_read_until_complete(source, ids)) == set(ids)
 
 

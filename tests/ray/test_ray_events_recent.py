@@ -15,29 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_jobs import job_id, task_ids
 from ray_trace_checks import load
 
 from tracer.ray import layout as L
 from tracer.ray.ray_events import GcsQuery, RayEventSource, Reply
 from tracer.runner import Pipeline, Stage
-
-
-def _job_id() -> str:
-    import ray
-
-    return str(ray.get_runtime_context().get_job_id())
-
-
-def _task_ids(n: int) -> list[str]:
-    import ray
-
-    @ray.remote
-    def noop(i: int) -> int:
-        return i
-
-    refs = [noop.remote(i) for i in range(n)]
-    ray.get(refs)
-    return [ref.task_id().hex() for ref in refs]
 
 
 class _Recorded:
@@ -89,9 +72,9 @@ def test_a_later_run_of_the_job_reads_the_tasks_that_finished_last(
     monkeypatch.setattr(ray_events, "_MEASURED", {})
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
     try:
-        history = _task_ids(800)
+        history = task_ids(800)
         first = _Recorded(gcs)
-        source = RayEventSource(_job_id(), [first])
+        source = RayEventSource(job_id(), [first])
         _until_ray_has(source, history[-4:])
         by_job = {f.ray_task_id: f for f in source.read(history)}
         assert [c[0] for c in first.calls if c[0] != "task"] == ["job"]
@@ -100,9 +83,9 @@ def test_a_later_run_of_the_job_reads_the_tasks_that_finished_last(
         assert held >= 800
 
         # The next run's source of the same job: 20 new tasks, a job that holds 820+.
-        new = _task_ids(20)
+        new = task_ids(20)
         later = _Recorded(gcs)
-        source = RayEventSource(_job_id(), [later])
+        source = RayEventSource(job_id(), [later])
         _until_ray_has(source, new[-4:])
         later.calls.clear()
         facts = {f.ray_task_id: f for f in source.read(new)}
@@ -110,7 +93,7 @@ def test_a_later_run_of_the_job_reads_the_tasks_that_finished_last(
         (call,) = later.calls
         assert call[0] == "recent" and call[1] <= 20 + 64 < held, call
         # The same facts a read of the job gives.
-        again = RayEventSource(_job_id(), [_Recorded(gcs)])
+        again = RayEventSource(job_id(), [_Recorded(gcs)])
         again._read_job = True
         assert {f.ray_task_id: f for f in again.read(new)} == facts
 
