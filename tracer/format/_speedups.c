@@ -1032,21 +1032,42 @@ named_event(Encoder *self, int kind, PyObject *cache, PyObject *fb, PyObject *co
  * holders in _late.py would, as (sort key, ts, bound method, args, kwargs), or
  * handed to the Python holder (`which`: 0 begin, 1 end, 2 instant, 3 counter) for
  * anything but positional (track, name or value, ts) with ts an int >= 0. */
+/* The Python holder takes the call. Nothing is held by C meanwhile: what the holder
+ * writes at once (a call on an unhashable track) goes to the writer, not back here. */
+static PyObject *
+delegate(Encoder *self, int which, PyObject *const *args, Py_ssize_t nargs,
+         PyObject *kwnames)
+{
+    PyObject *holder = Py_NewRef(PyTuple_GET_ITEM(self->holders, which));
+    PyObject *held = self->held;
+    self->held = NULL;
+    PyObject *r = PyObject_Vectorcall(holder, args, nargs, kwnames);
+    self->held = held;
+    Py_DECREF(holder);
+    return r;
+}
+
 static PyObject *
 hold_call(Encoder *self, int which, PyObject *const *args, Py_ssize_t nargs,
           PyObject *kwnames)
 {
     Py_ssize_t ts_pos = which == 1 ? 1 : 2;
-    PyObject *holder = PyTuple_GET_ITEM(self->holders, which);
     if (nargs != ts_pos + 1 || !PyLong_CheckExact(args[ts_pos]))
-        return PyObject_Vectorcall(holder, args, nargs, kwnames);
+        return delegate(self, which, args, nargs, kwnames);
+    if (kwnames != NULL) { /* one given twice: the holder's call raises, as Python's would */
+        PyObject *given[4] = {kw_track, kw_name, kw_value, kw_ts};
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++)
+            for (int g = 0; g < 4; g++)
+                if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, k), given[g]) == 0)
+                    return delegate(self, which, args, nargs, kwnames);
+    }
     PyObject *track = args[0], *ts = args[ts_pos];
     int overflow = 0;
     long long when = PyLong_AsLongLongAndOverflow(ts, &overflow);
     if (overflow || when < 0) {
         if (PyErr_Occurred())
             return NULL;
-        return PyObject_Vectorcall(holder, args, nargs, kwnames); /* it says what is wrong */
+        return delegate(self, which, args, nargs, kwnames); /* it says what is wrong */
     }
     PyObject *method = PyTuple_GET_ITEM(self->bound, which);
     PyObject *last = PyDict_GetItemWithError(self->held_keys, track);
@@ -1063,9 +1084,14 @@ hold_call(Encoder *self, int which, PyObject *const *args, Py_ssize_t nargs,
         }
     }
     else {
-        last_v = PyLong_AsLongLong(last);
-        if (last_v == -1 && PyErr_Occurred())
-            return NULL;
+        /* The Python holders may have keyed the track by a timestamp past a long long. */
+        if (!PyLong_CheckExact(last))
+            return delegate(self, which, args, nargs, kwnames);
+        last_v = PyLong_AsLongLongAndOverflow(last, &overflow);
+        if (overflow || (last_v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return delegate(self, which, args, nargs, kwnames);
+        }
     }
     PyObject *key = last;
     if (last_v <= when) {
