@@ -398,6 +398,7 @@ def test_a_call_the_holders_write_at_once_is_not_held_again(
     ]
 
 
+@pytest.mark.unchecked_traces("a timestamp past int64, which trace_processor rejects on purpose")
 def test_a_track_keyed_by_a_timestamp_past_a_long_long_is_held_in_order(
     tmp_path: Path, encoder: str
 ) -> None:
