@@ -31,6 +31,7 @@ class _Recorded:
     def __init__(self, gcs: GcsQuery) -> None:
         self._gcs = gcs
         self.calls: list[tuple[str, int]] = []
+        self.limits: list[int] = []  # of each recent read
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
         reply = self._gcs.job(job_id, timeout)
@@ -43,6 +44,7 @@ class _Recorded:
         return reply
 
     def recent(self, limit: int, timeout: float) -> Reply:
+        self.limits.append(limit)
         reply = self._gcs.recent(limit, timeout)
         self.calls.append(("recent", len(reply.events)))
         return reply
@@ -103,12 +105,20 @@ def test_a_later_run_of_the_job_reads_the_tasks_that_finished_last(
         later.calls.clear()
         assert {f.ray_task_id for f in source.read([*new, old])} == set(new)
         assert [c[0] for c in later.calls] == ["recent"]
+        # Three tries reach at most ~8x the first limit (~840 with doubling, or less):
+        # the old task is 800+ deep, and deeper by what earlier tests ran in this Ray,
+        # so with fewer tries than that the job read is certain whatever ran before.
+        monkeypatch.setattr(ray_events, "_RECENT_TRIES", 3)
         later.calls.clear()
+        later.limits.clear()
         found = {f.ray_task_id for f in source.read([*new, old], complete=True)}
         assert found == {*new, old}
         # Twice as deep each time, a few times (it is 800 tasks down), then the job.
         kinds = [c[0] for c in later.calls]
-        assert kinds == ["recent"] * (len(kinds) - 1) + ["job"] and len(kinds) <= 5, kinds
+        assert kinds == ["recent"] * 3 + ["job"], kinds
+        first_limit = later.limits[0]
+        assert later.limits == [first_limit, 2 * first_limit, 4 * first_limit], later.limits
+        assert 4 * first_limit < 800, later.limits
         # And once the job was read, the source keeps reading the job.
         source._one_task_s = 1.0  # (not one query per task)
         later.calls.clear()
