@@ -54,6 +54,7 @@ _FIRST_LATE_CLOCK = 65
 _LAST_LATE_CLOCK = 127
 _N_LATE_CLOCKS = _LAST_LATE_CLOCK - _FIRST_LATE_CLOCK + 1
 _MISSING = object()
+_END = object()  # hold_call's ``what`` for end, which has none
 _NO_KWARGS: dict[str, Any] = {}
 #: A block holds at most this many calls (~15 MB): past it, what it held is written.
 _MAX_HELD = 65536
@@ -144,7 +145,9 @@ class _LateEvents(_EventEncoding):
 
         Each call is held with its sort key: its timestamp, or the latest
         before it on its track if that is later (so that a sort by key keeps
-        each track's order).
+        each track's order). With the C encoder they hold only the calls it
+        hands over (see :meth:`in_time_order`), so one shared body costs
+        nothing that matters; the pure-Python writer holds every call here.
         """
         writer: Any = self  # a TraceWriter: the methods are its own
         now = writer.now
@@ -152,50 +155,42 @@ class _LateEvents(_EventEncoding):
         append = held.append
         write_held = self._write_held
 
-        # The same body twice, inline (a call here costs what a frame costs): for the
-        # methods of (track, name or value, ts), and for end's (track, ts).
-        def holding(method: Callable[..., None], second: str) -> Callable[..., None]:
-            def hold(track: Any, what: Any = _MISSING, ts: Any = None, **kw: Any) -> None:
-                if what is _MISSING:  # given by keyword (name=, value=)
-                    if second not in kw:
-                        raise TypeError(f"{method.__name__}() is missing {second!r}")
-                    what = kw.pop(second)
-                if ts is None:
-                    ts = now()
-                elif ts.__class__ is not int:
-                    _check(ts)
-                try:
-                    last = keys.get(track, -1)
-                except TypeError:  # an unhashable track: the writer says what is wrong, now
-                    method(track, what, ts, **kw)
-                    return
-                if ts < 0:
-                    raise InvalidArgumentError(f"timestamp {ts} is negative")
-                if last <= ts:
-                    keys[track] = last = ts
-                append((last, ts, method, (track, what, ts), kw))
-                if len(held) >= _MAX_HELD:
-                    write_held(held)
-
-            return hold
-
-        def hold_end(track: Any, ts: Any = None, **kw: Any) -> None:
+        def hold_call(
+            method: Callable[..., None], track: Any, what: Any, ts: Any, kw: dict[str, Any]
+        ) -> None:
+            # ``what``: the name or value of begin, instant and counter; _END for end's.
             if ts is None:
                 ts = now()
             elif ts.__class__ is not int:
                 _check(ts)
+            args = (track, ts) if what is _END else (track, what, ts)
             try:
                 last = keys.get(track, -1)
-            except TypeError:
-                end(track, ts, **kw)
+            except TypeError:  # an unhashable track: the writer says what is wrong, now
+                method(*args, **kw)
                 return
             if ts < 0:
                 raise InvalidArgumentError(f"timestamp {ts} is negative")
             if last <= ts:
                 keys[track] = last = ts
-            append((last, ts, end, (track, ts), kw))
+            append((last, ts, method, args, kw))
             if len(held) >= _MAX_HELD:
                 write_held(held)
+
+        def holding(method: Callable[..., None], second: str) -> Callable[..., None]:
+            """A stand-in for a method of (track, name or value, ts)."""
+
+            def hold(track: Any, what: Any = _MISSING, ts: Any = None, **kw: Any) -> None:
+                if what is _MISSING:  # given by keyword (name=, value=)
+                    if second not in kw:
+                        raise TypeError(f"{method.__name__}() is missing {second!r}")
+                    what = kw.pop(second)
+                hold_call(method, track, what, ts, kw)
+
+            return hold
+
+        def hold_end(track: Any, ts: Any = None, **kw: Any) -> None:
+            hold_call(end, track, _END, ts, kw)
 
         return (holding(begin, "name"), hold_end, holding(instant, "name"),
                 holding(counter, "value"))
