@@ -20,13 +20,18 @@ interleaved and rotated in every repetition (medians, min and max):
   Ray's events cannot be read);
 * ``1-plain`` level 1 with tasks submitted as they are, nothing measured in
   the worker and no executions (the timeline of the loop and the task
-  slices only): the floor of any level 1.
+  slices only): the floor of any level 1;
+* ``1-flushreads`` (not run by default) level 1 reading Ray's events at the
+  flushes during the run, as before ``_FLUSH_READ_TASKS``: what waiting for
+  the close saves.
 
 Per variant: wall time, and CPU per task in the driver, in the driver and
 every process under it (Ray's GCS, raylet and workers: the run's CPU across
 all its processes, which other users of a shared machine do not move), and
 on the whole machine (/proc/stat, less what the ``--busy`` load processes
-used; on a shared machine it has other users' work in it).
+used; on a shared machine it has other users' work in it). Then where the
+run's CPU went: the driver's dispatch-loop thread, its other threads (Ray's
+and the tracer's), the workers, the raylet and the GCS.
 """
 
 from __future__ import annotations
@@ -48,12 +53,13 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runner import noop
-from cpu_meter import busy_load, machine_busy_s, proc_cpu_s, tree_cpu_s
+from cpu_meter import KINDS, busy_load, machine_busy_s, proc_cpu_s, tree_cpu_by_kind, tree_cpu_s
 
-from tracer.ray import wait_for_traces
+from tracer.ray import events_channel, wait_for_traces
 from tracer.runner import Pipeline, Stage
 
-VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain")
+VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain", "1-flushreads")
+DEFAULT_VARIANTS = VARIANTS[:5]
 
 
 @contextlib.contextmanager
@@ -67,6 +73,9 @@ def variant(name: str) -> Iterator[int]:
         os.environ["TRACER_RAY_EVENTS"] = "0"
     os.environ["TRACER_EXECUTIONS"] = "ray_events" if name == "1-events" else "returns"
     undo = None
+    flush_read_tasks = events_channel._FLUSH_READ_TASKS
+    if name == "1-flushreads":
+        events_channel._FLUSH_READ_TASKS = 0  # every flush may read, as before
     if name == "1-plain":
         from tracer.ray import wrappers
 
@@ -75,6 +84,7 @@ def variant(name: str) -> Iterator[int]:
     try:
         yield 1
     finally:
+        events_channel._FLUSH_READ_TASKS = flush_read_tasks
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -86,19 +96,24 @@ def variant(name: str) -> Iterator[int]:
             wrappers._traced_call = undo
 
 
-def run_once(
-    name: str, tasks: int, path: Path, load: list[int]
-) -> tuple[float, float, float, float, float]:
-    """Wall seconds until the run returned; CPU seconds of the driver, of the driver and
-    Ray's processes under it, and of the machine less the load's, until its trace was
-    finished (Ray's last events are drawn after the run returned: their cost, and what
-    Ray's idle processes spend meanwhile, are in); seconds until the trace was finished."""
+#: What one run measured: wall seconds until the run returned; CPU seconds of the
+#: driver, of the driver and Ray's processes under it, and of the machine less the
+#: load's, until its trace was finished (Ray's last events are drawn after the run
+#: returned: their cost, and what Ray's idle processes spend meanwhile, are in);
+#: seconds until the trace was finished; the CPU seconds under the driver by kind
+#: (``cpu_meter.KINDS``).
+Measured = tuple[float, float, float, float, float, dict[str, float]]
+
+
+def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
+    """One run of the variant (see :data:`Measured`)."""
     path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
     with variant(name) as level:
         t = os.times()
         driver0 = t.user + t.system
         tree0 = tree_cpu_s()
+        kinds0 = tree_cpu_by_kind()
         all0 = machine_busy_s() - sum(proc_cpu_s(p) for p in load)
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
@@ -108,9 +123,10 @@ def run_once(
         t = os.times()
         driver = t.user + t.system - driver0
         tree = tree_cpu_s() - tree0
+        kinds = {k: v - kinds0[k] for k, v in tree_cpu_by_kind().items()}
         every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
-    return wall, driver, tree, every, finished
+    return wall, driver, tree, every, finished, kinds
 
 
 def _init_ray() -> None:
@@ -134,23 +150,21 @@ def child(name: str, tasks: int, load: list[int]) -> int:
     return 0
 
 
-def run_child(
-    name: str, tasks: int, load: list[int]
-) -> tuple[float, float, float, float, float]:
+def run_child(name: str, tasks: int, load: list[int]) -> Measured:
     out = subprocess.run(
         [sys.executable, __file__, "--child", name, "--tasks", str(tasks),
          "--load-pids", ",".join(map(str, load))],
         check=True, capture_output=True, text=True,
     ).stdout
-    wall, driver, tree, every, finished = json.loads(out.strip().splitlines()[-1])
-    return wall, driver, tree, every, finished
+    wall, driver, tree, every, finished, kinds = json.loads(out.strip().splitlines()[-1])
+    return wall, driver, tree, every, finished, kinds
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
     parser.add_argument(
         "--fresh", action="store_true",
@@ -175,6 +189,7 @@ def main() -> int:
     trees: dict[str, list[float]] = defaultdict(list)
     alls: dict[str, list[float]] = defaultdict(list)
     finishes: dict[str, list[float]] = defaultdict(list)
+    by_kind: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     try:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
                 busy_load(args.busy) as load:
@@ -185,17 +200,18 @@ def main() -> int:
                 order = names[rep % len(names):] + names[: rep % len(names)]
                 for name in order:
                     if args.fresh:
-                        wall, driver, tree, every, finished = run_child(name, n, load)
+                        measured = run_child(name, n, load)
                     else:
-                        wall, driver, tree, every, finished = run_once(
-                            name, n, folder / f"{name}.perfetto-trace", load
-                        )
+                        measured = run_once(name, n, folder / f"{name}.perfetto-trace", load)
+                    wall, driver, tree, every, finished, kinds = measured
+                    for kind, cpu in kinds.items():
+                        by_kind[name][kind].append(cpu)
                     walls[name].append(wall)
                     drivers[name].append(driver)
                     trees[name].append(tree)
                     alls[name].append(every)
                     finishes[name].append(finished)
-                    print(f"  rep {rep + 1}/{args.repeats} {name:<9} {wall:.3f} s", flush=True)
+                    print(f"  rep {rep + 1}/{args.repeats} {name:<12} {wall:.3f} s", flush=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -220,7 +236,7 @@ def main() -> int:
     base_all = statistics.median(alls["0"])
     print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)"
           + (", each run in a fresh process" if args.fresh else ""))
-    print(f"  {'variant':<9} {'wall med [min-max]':>24} {'ratio':>6} "
+    print(f"  {'variant':<12} {'wall med [min-max]':>24} {'ratio':>6} "
           f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
           f"{'machine CPU us/task':>22} {'vs 0':>7} {'trace done':>10}")
     for name in names:
@@ -228,16 +244,25 @@ def main() -> int:
         tree_med = statistics.median(trees[name])
         all_med = statistics.median(alls[name])
         print(
-            f"  {name:<9} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
+            f"  {name:<12} {med:7.3f}s [{min(walls[name]):.3f}-{max(walls[name]):.3f}] "
             f"{med / base_wall:5.3f}x {per_task_us(drivers[name]):>22} "
             f"{per_task_us(trees[name]):>23} {(tree_med / base_tree - 1) * 100:+6.1f}% "
             f"{per_task_us(alls[name]):>22} {(all_med / base_all - 1) * 100:+6.1f}% "
             f"{statistics.median(finishes[name]):9.3f}s"
         )
     print("\n  paired with the level-0 run of the same repetition, median [quartiles]:")
-    print(f"  {'variant':<9} {'wall ratio':>22} {'driver+Ray CPU ratio':>22}")
+    print(f"  {'variant':<12} {'wall ratio':>22} {'driver+Ray CPU ratio':>22}")
     for name in names[1:]:
-        print(f"  {name:<9} {paired(walls, name):>22} {paired(trees, name):>22}")
+        print(f"  {name:<12} {paired(walls, name):>22} {paired(trees, name):>22}")
+    print("\n  driver + Ray CPU by process (thread), us/task, median (and over level 0):")
+    print(f"  {'':<22}" + "".join(f"{name:>16}" for name in names))
+    for kind in KINDS:
+        base = statistics.median(by_kind["0"][kind]) / n * 1e6
+        cells = []
+        for name in names:
+            med = statistics.median(by_kind[name][kind]) / n * 1e6
+            cells.append(f"{med:6.0f}" + (f" ({med - base:+5.0f})" if name != "0" else " " * 8))
+        print(f"  {kind:<22}" + "".join(f"{c:>16}" for c in cells))
     return 0
 
 

@@ -12,7 +12,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-__all__ = ["busy_load", "load_pids", "machine_busy_s", "proc_cpu_s", "tree_cpu_s"]
+__all__ = [
+    "KINDS", "busy_load", "load_pids", "machine_busy_s", "proc_cpu_s", "tree_cpu_by_kind",
+    "tree_cpu_s",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 #: The --busy load's processes, whose CPU is not the run's.
@@ -38,16 +41,8 @@ def proc_cpu_s(pid: int) -> float:
     return 0.0 if stat is None else stat[1]
 
 
-def tree_cpu_s(root: int | None = None) -> float:
-    """CPU seconds of ``root`` (this process) and every process under it.
-
-    A local ``ray.init`` starts the GCS and the raylet as the driver's
-    children and the raylet starts the workers: this is the run's CPU across
-    all of its processes, without what other users of a shared machine spend
-    (the machine's total, ``all processes``, has it). Workers are kept alive
-    by the benchmark, so none exits with its CPU uncounted.
-    """
-    root = os.getpid() if root is None else root
+def _tree(root: int) -> Iterator[tuple[int, float]]:
+    """(pid, CPU seconds) of ``root`` and every process under it, the load's left out."""
     stats: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -57,13 +52,58 @@ def tree_cpu_s(root: int | None = None) -> float:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
+    todo = [root]
     while todo:
         pid = todo.pop()
         if pid in stats:
-            total += stats[pid][1]
+            yield pid, stats[pid][1]
         todo.extend(p for p in children.get(pid, ()) if p not in _LOAD_PIDS)
-    return total
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds of ``root`` (this process) and every process under it.
+
+    A local ``ray.init`` starts the GCS and the raylet as the driver's
+    children and the raylet starts the workers: this is the run's CPU across
+    all of its processes, without what other users of a shared machine spend
+    (the machine's total, ``all processes``, has it). Workers are kept alive
+    by the benchmark, so none exits with its CPU uncounted.
+    """
+    return sum(cpu for _, cpu in _tree(os.getpid() if root is None else root))
+
+
+#: The kinds :func:`tree_cpu_by_kind` splits the run's CPU into, in the order printed.
+KINDS = ("driver: main thread", "driver: other threads", "workers", "raylet", "gcs_server",
+         "other")
+
+
+def tree_cpu_by_kind() -> dict[str, float]:
+    """:func:`tree_cpu_s` of this process, split by who spent it (``KINDS``).
+
+    Why: a variant's extra CPU means different things where it lands. The
+    dispatch loop's thread slows the run; the driver's other threads are
+    Ray's (gRPC, its event buffer) and the tracer's (flushes, reading and
+    drawing Ray's events, finished threads included); a worker's is the
+    task's own path (the measurement, an extra return value); the GCS's is
+    what Ray's events cost it to store and send.
+    """
+    me = os.getpid()
+    out = dict.fromkeys(KINDS, 0.0)
+    for pid, cpu in _tree(me):
+        if pid == me:
+            main = _proc_stat(f"self/task/{me}")
+            main_s = 0.0 if main is None else main[1]
+            out["driver: main thread"] += main_s
+            out["driver: other threads"] += cpu - main_s
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        kind = "workers" if comm.startswith("ray::") else comm
+        out[kind if kind in out else "other"] += cpu
+    return out
 
 
 @contextlib.contextmanager

@@ -511,6 +511,74 @@ def test_the_close_reads_the_job_once_the_probes_say_ray_has_it_all(
     gcs.close()
 
 
+class _Timed(_Counting):
+    """The real GCS query, recording when each query was asked."""
+
+    def __init__(self, gcs: GcsQuery, times: list[float]) -> None:
+        super().__init__(gcs, [])
+        self.times = times
+
+    def job(self, job_id: bytes, timeout: float) -> Reply:
+        self.times.append(time.monotonic())
+        return super().job(job_id, timeout)
+
+    def task(self, task_id: bytes, timeout: float) -> Reply:
+        self.times.append(time.monotonic())
+        return super().task(task_id, timeout)
+
+
+def _sleep_50ms(x: int) -> int:
+    time.sleep(0.05)
+    return x
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "during"),
+    [(None, None, False), ("_FLUSH_READ_TASKS", 10, True), ("_FLUSH_READ_S", 0.5, True)],
+    ids=["a short run: after it returned", "many waiting", "the last read old"],
+)
+def test_reads_during_the_run_wait_for_many_tasks_or_a_long_time(
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    setting: str | None, value: float | None, during: bool,
+) -> None:
+    """A read at a flush competes with the run for its cores and GIL, and the close reads
+    what is left anyway: a run of a few seconds reads Ray's events once it returned
+    (without the rule, its first flush after a second read them). Once many executions
+    wait, or the last read is old, flushes read during the run as before. Every task's
+    phases are in the trace either way."""
+    import ray
+
+    from tracer.ray import events_channel, ray_events
+
+    gcs = GcsQuery(ray.get_runtime_context().gcs_address)
+    times: list[float] = []
+    monkeypatch.setattr(ray_events, "_MEASURED", {})  # as in a fresh job: read at once
+    monkeypatch.setattr(ray_events, "_sources", lambda: [_Timed(gcs, times)])
+    monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "5")
+    if setting is not None:
+        monkeypatch.setattr(events_channel, setting, value)
+    path = tmp_path / "reads.perfetto-trace"
+    try:
+        t0 = time.monotonic()
+        Pipeline(list(range(60)), [Stage("sleep", _sleep_50ms)]).run(  # ~1.5 s on 2 CPUs
+            tracing_level=1, trace_path=path, progress=False
+        )
+        returned = time.monotonic()
+        assert returned - t0 > 1.2  # long enough for flushes that may read
+        model = load(path)
+    finally:
+        gcs.close()
+    assert times
+    # The close's first reads start as the run returns, in another thread: "during the
+    # run" is well before that (a flush's read comes a second or more into the run).
+    assert any(t < returned - 0.5 for t in times) == during, (
+        [round(t - t0, 2) for t in times], round(returned - t0, 2)
+    )
+    assert _counts(model)[L.ARG_RAY_EVENTS_MISSING] == 0
+    spans = [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert len(spans) == 60
+
+
 def test_the_run_returns_before_rays_last_events_and_the_trace_is_finished_after(
     ray_local: None, tmp_path: Path
 ) -> None:
