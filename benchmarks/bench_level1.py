@@ -20,10 +20,7 @@ interleaved and rotated in every repetition (medians, min and max):
   Ray's events cannot be read);
 * ``1-plain`` level 1 with tasks submitted as they are, nothing measured in
   the worker and no executions (the timeline of the loop and the task
-  slices only): the floor of any level 1;
-* ``1-flushreads`` (not run by default) level 1 reading Ray's events at the
-  flushes during the run, as before ``_FLUSH_READ_TASKS``: what waiting for
-  the close saves.
+  slices only): the floor of any level 1.
 
 Per variant: wall time, and CPU per task in the driver, in the driver and
 every process under it (Ray's GCS, raylet and workers: the run's CPU across
@@ -55,11 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runner import noop
 from cpu_meter import KINDS, busy_load, machine_busy_s, proc_cpu_s, tree_cpu_by_kind, tree_cpu_s
 
-from tracer.ray import events_channel, wait_for_traces
+from tracer.ray import wait_for_traces
 from tracer.runner import Pipeline, Stage
 
-VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain", "1-flushreads")
-DEFAULT_VARIANTS = VARIANTS[:5]
+VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain")
 
 
 @contextlib.contextmanager
@@ -73,9 +69,6 @@ def variant(name: str) -> Iterator[int]:
         os.environ["TRACER_RAY_EVENTS"] = "0"
     os.environ["TRACER_EXECUTIONS"] = "ray_events" if name == "1-events" else "returns"
     undo = None
-    flush_read_tasks = events_channel._FLUSH_READ_TASKS
-    if name == "1-flushreads":
-        events_channel._FLUSH_READ_TASKS = 0  # every flush may read, as before
     if name == "1-plain":
         from tracer.ray import wrappers
 
@@ -84,7 +77,6 @@ def variant(name: str) -> Iterator[int]:
     try:
         yield 1
     finally:
-        events_channel._FLUSH_READ_TASKS = flush_read_tasks
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -164,7 +156,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
     parser.add_argument(
         "--fresh", action="store_true",

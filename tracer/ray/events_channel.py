@@ -2,21 +2,13 @@
 
 Ray reports a task's events to the GCS about a second after they happen
 (``RAY_task_events_report_interval_ms``), so they are read late: by the
-flusher thread at its flushes (never by the dispatch loop), and at the
+flusher thread at its flushes (never by the dispatch loop), no more often
+than every ``MIN_INTERVAL_S`` and never spending more than ~5% of the time
+reading (a read that took 50 ms waits a second before the next), and at the
 close (after the run returned, see :mod:`tracer.ray.finishing`), which waits
 for the last ones up to a budget (``TRACER_RAY_EVENTS_BUDGET_S``, 2 s by
 default); the timeline then says how many executions lack them
 (``ray_events_missing``, on the ``Ray's events read`` instant).
-
-A read at a flush competes with the run for its cores and the driver's GIL,
-and the close reads whatever is left anyway: so a flush reads only once
-``_FLUSH_READ_TASKS`` executions wait, or the last read is ``_FLUSH_READ_S``
-old (a long run's trace fills in as it goes, and a driver that dies keeps
-most of it), no more often than every ``MIN_INTERVAL_S`` and never spending
-more than ~5% of the time reading (a read that took 50 ms waits a second
-before the next). Measured on 2000 no-op tasks (benchmarks/README.md), the
-reads during the run cost level 1 ~0.1x of wall time and ~5-8 points of CPU
-across processes; such a run now reads its events once, after it returned.
 
 A read of the job sends every task Ray holds of it, wanted or not (Ray's
 filters cannot say "since"), so reads are rationed by what they would send:
@@ -40,7 +32,7 @@ import os
 import threading
 import time
 
-from tracer.ray.ray_events import RayEventSource, ray_cap
+from tracer.ray.ray_events import RayEventSource
 from tracer.ray.timeline import RayTaskEvents, RunTimeline
 
 logger = logging.getLogger("tracer")
@@ -70,11 +62,6 @@ _COST_FACTOR = 20.0
 _READ_TIMEOUT_S = 2.0
 #: At the close, between reads.
 _CLOSE_POLL_S = 0.2
-#: A flush reads once this many executions wait for their events (or half of what
-#: Ray keeps, when that is less: what Ray drops to keep its cap must have been read) ...
-_FLUSH_READ_TASKS = 5000
-#: ... or once the last read (or the run's start) is this old.
-_FLUSH_READ_S = 30.0
 #: At flushes, a read of the job happens only when the tasks wanted are at least
 #: this share of what it sends (see RayEventSource.worth_reading): each task is
 #: then sent about 1 / _READ_SHARE times. At 0.5 a 2000-task run was sent 2.2 times
@@ -139,7 +126,6 @@ class RayEventsChannel:
         self._lock = lock
         self._source = source
         self._next = time.monotonic() + MIN_INTERVAL_S
-        self._due = time.monotonic() + _FLUSH_READ_S  # a flush reads what waits by then
         self._reading = threading.Lock()  # one read at a time (flusher, close)
         # Set by close() under the tracer's lock: a read still under way then draws nothing.
         self._closed = False
@@ -173,12 +159,8 @@ class RayEventsChannel:
             wanted = self._timeline.ray_events_wanted()
         if not wanted:
             return True
-        if at_flush:
-            early = min(_FLUSH_READ_TASKS, ray_cap() // 2)
-            few = len(wanted) < early and time.monotonic() < self._due
-            if few or not self._source.worth_reading(len(wanted), _READ_SHARE):
-                return False
-            self._due = time.monotonic() + _FLUSH_READ_S
+        if at_flush and not self._source.worth_reading(len(wanted), _READ_SHARE):
+            return False
         # Past the flushes (the close, once the probes came) Ray should have them all.
         facts = self._source.read(wanted, _READ_TIMEOUT_S, complete=not at_flush)
         return self._draw(facts, final)
