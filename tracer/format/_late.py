@@ -55,7 +55,6 @@ _LAST_LATE_CLOCK = 127
 _N_LATE_CLOCKS = _LAST_LATE_CLOCK - _FIRST_LATE_CLOCK + 1
 _MISSING = object()
 _END = object()  # hold_call's ``what`` for end, which has none
-_NO_KWARGS: dict[str, Any] = {}
 #: A block holds at most this many calls (~15 MB): past it, what it held is written.
 _MAX_HELD = 65536
 
