@@ -460,11 +460,9 @@ class RayEventSource:
                 facts, covered = self._read_recent(recent, wanted, timeout, complete)
             except Exception as exc:  # a Ray whose GCS takes no limit, say: the job, from now
                 logger.debug("tracer: a recent read of Ray's task events failed: %s", exc)
-                self._read_job = True
-                covered = False
-                complete = True
-            if covered or not complete:
-                return facts
+            else:
+                if covered or not complete:
+                    return facts
         self._read_job = True
         t0 = time.perf_counter()
         reply = query.job(self.job_id, timeout)
