@@ -201,13 +201,16 @@ set_last(Encoder *self, long long ts)
 }
 
 /* The late chain's last timestamp and clock id (_late, _late_tag), when it is
- * anchored and can take ``ts``; 0 otherwise (the event is then written absolute). */
+ * anchored and can take ``ts``; 0 otherwise (the event is then written absolute).
+ * An int subclass counts as its value: the Python writer keeps the timestamp it was
+ * given (a bool passes, as True is 1) and compares it as a number. Refusing it here
+ * wrote absolute what the Python writer put on the late chain. */
 static int
 late_chain(Encoder *self, long long ts, long long *late, unsigned char *clock)
 {
     PyObject *obj = PyDict_GetItemWithError(self->wdict, str_late);
     PyObject *tag = obj == NULL ? NULL : PyDict_GetItemWithError(self->wdict, str_late_tag);
-    if (tag == NULL || !PyLong_CheckExact(obj) || !PyBytes_CheckExact(tag)
+    if (tag == NULL || !PyLong_Check(obj) || !PyBytes_CheckExact(tag)
         || PyBytes_GET_SIZE(tag) != 3) {
         if (PyErr_Occurred())
             PyErr_Clear();
