@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,14 @@ def worker_node(ray_cluster: Any) -> Iterator[Any]:
     yield node
     if node in ray_cluster.worker_nodes:
         return
-    ray_cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_MEMORY)
+    for attempt in (1, 2):
+        try:
+            ray_cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_MEMORY)
+            break
+        except Exception as exc:  # Ray's start-up timed out (see conftest.RayManager)
+            if attempt == 2:
+                raise
+            warnings.warn(f"a node did not start, starting another: {exc}", stacklevel=1)
     ray_cluster.wait_for_nodes()
     deadline = time.monotonic() + 30
     while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
