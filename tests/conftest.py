@@ -73,8 +73,8 @@ def _interruptible_workers() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: How many times the two-node cluster is started before its fixture fails.
-_CLUSTER_STARTS = 2
+#: How many times Ray (local, or the two-node cluster) is started before its fixture fails.
+_STARTS = 2
 
 
 def _start_two_nodes() -> Any:
@@ -116,14 +116,23 @@ class RayManager:
             return
         self.shutdown()
         _interruptible_workers()
-        ray.init(
-            address="local",  # always a new local instance, never a cluster already running
-            num_cpus=2,
-            object_store_memory=OBJECT_STORE_MEMORY,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env=_worker_env(),
-        )
+        for attempt in range(1, _STARTS + 1):
+            try:
+                ray.init(
+                    address="local",  # always a new local instance, never a running cluster
+                    num_cpus=2,
+                    object_store_memory=OBJECT_STORE_MEMORY,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env=_worker_env(),
+                )
+                break
+            except Exception as e:  # Ray's start-up, as for the cluster below
+                if ray.is_initialized():
+                    ray.shutdown()
+                if attempt == _STARTS:
+                    raise
+                warnings.warn(f"local Ray did not start, starting again: {e}", stacklevel=1)
         self.mode = "local"
 
     def two_nodes(self) -> Any:
@@ -133,12 +142,12 @@ class RayManager:
             return self.cluster
         self.shutdown()
         _interruptible_workers()
-        for attempt in range(1, _CLUSTER_STARTS + 1):
+        for attempt in range(1, _STARTS + 1):
             try:
                 self.cluster = _start_two_nodes()
                 break
             except Exception as e:
-                if attempt == _CLUSTER_STARTS:
+                if attempt == _STARTS:
                     raise
                 # Ray's own start-up, not ours: once in a CI run on this 2-core machine
                 # the second node's raylet never registered (Ray waits 30 s, then
