@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import pytest
 
 pytest.register_assert_rewrite("tp_check")
 import tp_check  # noqa: E402
+from ray_starts import started  # noqa: E402
 
 pytest_plugins = ["pytester", "tp_check"]
 
@@ -73,8 +73,23 @@ def _interruptible_workers() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: How many times Ray (local, or the two-node cluster) is started before its fixture fails.
-_STARTS = 2
+def _start_local() -> None:
+    """A new local Ray (2 CPUs), connected; nothing left on failure."""
+    import ray
+
+    try:
+        ray.init(
+            address="local",  # always a new local instance, never a cluster already running
+            num_cpus=2,
+            object_store_memory=OBJECT_STORE_MEMORY,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=_worker_env(),
+        )
+    except BaseException:
+        if ray.is_initialized():
+            ray.shutdown()
+        raise
 
 
 def _start_two_nodes() -> Any:
@@ -116,23 +131,7 @@ class RayManager:
             return
         self.shutdown()
         _interruptible_workers()
-        for attempt in range(1, _STARTS + 1):
-            try:
-                ray.init(
-                    address="local",  # always a new local instance, never a running cluster
-                    num_cpus=2,
-                    object_store_memory=OBJECT_STORE_MEMORY,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    runtime_env=_worker_env(),
-                )
-                break
-            except Exception as e:  # Ray's start-up, as for the cluster below
-                if ray.is_initialized():
-                    ray.shutdown()
-                if attempt == _STARTS:
-                    raise
-                warnings.warn(f"local Ray did not start, starting again: {e}", stacklevel=1)
+        started(_start_local, "local Ray")
         self.mode = "local"
 
     def two_nodes(self) -> Any:
@@ -142,19 +141,7 @@ class RayManager:
             return self.cluster
         self.shutdown()
         _interruptible_workers()
-        for attempt in range(1, _STARTS + 1):
-            try:
-                self.cluster = _start_two_nodes()
-                break
-            except Exception as e:
-                if attempt == _STARTS:
-                    raise
-                # Ray's own start-up, not ours: once in a CI run on this 2-core machine
-                # the second node's raylet never registered (Ray waits 30 s, then
-                # raises "The current node timed out during startup") and left no log
-                # of its own. A cluster that will not start says nothing about the
-                # tracer; a second start does, and the warning keeps it visible.
-                warnings.warn(f"two-node cluster did not start, starting again: {e}", stacklevel=1)
+        self.cluster = started(_start_two_nodes, "two-node cluster")
         self.mode = "cluster"
         return self.cluster
 

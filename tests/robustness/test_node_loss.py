@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
+from ray_starts import started
 from trace_checks import (
     execution_slice,
     executions_by_task,
@@ -79,14 +79,8 @@ def worker_node(ray_cluster: Any) -> Iterator[Any]:
     yield node
     if node in ray_cluster.worker_nodes:
         return
-    for attempt in (1, 2):
-        try:
-            ray_cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_MEMORY)
-            break
-        except Exception as exc:  # Ray's start-up timed out (see conftest.RayManager)
-            if attempt == 2:
-                raise
-            warnings.warn(f"a node did not start, starting another: {exc}", stacklevel=1)
+    started(lambda: ray_cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_MEMORY),
+            "a worker node")
     ray_cluster.wait_for_nodes()
     deadline = time.monotonic() + 30
     while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
