@@ -4,8 +4,10 @@ Run by hand (it is not a test), from the project root:
 
     .venv/bin/python benchmarks/bench_level1.py                       # quiet machine
     .venv/bin/python benchmarks/bench_level1.py --busy 2              # both cores kept busy
+    .venv/bin/python benchmarks/bench_level1.py --task-ms 10 --tasks 1000   # tasks that compute
 
-Variants of one run of ``tracer.runner.Pipeline`` on ``--tasks`` no-op tasks,
+Variants of one run of ``tracer.runner.Pipeline`` on ``--tasks`` no-op tasks (or tasks
+computing for ``--task-ms`` each),
 interleaved and rotated in every repetition (medians, min and max):
 
 * ``0``       untraced;
@@ -49,11 +51,11 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import noop
+from bench_runner import TASK_MS, _stage
 from cpu_meter import KINDS, busy_load, machine_busy_s, proc_cpu_s, tree_cpu_by_kind, tree_cpu_s
 
 from tracer.ray import wait_for_traces
-from tracer.runner import Pipeline, Stage
+from tracer.runner import Pipeline
 
 VARIANTS = ("0", "1", "1-events", "1-noev", "1-plain")
 
@@ -100,7 +102,7 @@ Measured = tuple[float, float, float, float, float, dict[str, float]]
 def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
     """One run of the variant (see :data:`Measured`)."""
     path.unlink(missing_ok=True)
-    pipeline = Pipeline(list(range(tasks)), [Stage("noop", noop)])
+    pipeline = Pipeline(list(range(tasks)), [_stage()])
     with variant(name) as level:
         t = os.times()
         driver0 = t.user + t.system
@@ -145,7 +147,7 @@ def child(name: str, tasks: int, load: list[int]) -> int:
 def run_child(name: str, tasks: int, load: list[int]) -> Measured:
     out = subprocess.run(
         [sys.executable, __file__, "--child", name, "--tasks", str(tasks),
-         "--load-pids", ",".join(map(str, load))],
+         "--task-ms", str(TASK_MS[0]), "--load-pids", ",".join(map(str, load))],
         check=True, capture_output=True, text=True,
     ).stdout
     wall, driver, tree, every, finished, kinds = json.loads(out.strip().splitlines()[-1])
@@ -159,6 +161,10 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--busy", type=int, default=0, help="background processes spinning")
     parser.add_argument(
+        "--task-ms", type=float, default=0.0,
+        help="milliseconds each task computes (0: the no-op tasks of issue 21's target)",
+    )
+    parser.add_argument(
         "--fresh", action="store_true",
         help="each run in a new process with its own Ray (its own job: Ray's events of "
         "earlier runs are not in what level 1 reads)",
@@ -166,6 +172,9 @@ def main() -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--load-pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.task_ms < 0:
+        parser.error("--task-ms must be >= 0")
+    TASK_MS[0] = args.task_ms
     if args.child is not None:
         return child(args.child, args.tasks, [int(p) for p in args.load_pids.split(",") if p])
     names = args.variants.split(",")
@@ -226,7 +235,8 @@ def main() -> int:
     base_wall = statistics.median(walls["0"])
     base_tree = statistics.median(trees["0"])
     base_all = statistics.median(alls["0"])
-    print(f"\n{n} no-op tasks, {args.repeats} repeats, busy load: {args.busy} process(es)"
+    what = f"{args.task_ms:g} ms tasks" if args.task_ms else "no-op tasks"
+    print(f"\n{n} {what}, {args.repeats} repeats, busy load: {args.busy} process(es)"
           + (", each run in a fresh process" if args.fresh else ""))
     print(f"  {'variant':<12} {'wall med [min-max]':>24} {'ratio':>6} "
           f"{'driver CPU us/task':>22} {'driver+Ray CPU us/task':>23} {'vs 0':>7} "
