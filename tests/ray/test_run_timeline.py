@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 from engines_agree import assert_engines_agree
@@ -243,3 +244,62 @@ def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> No
     run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION)
     assert L.ARG_RAY_EVENTS_MISSING not in run.args
     assert not [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
+
+
+def test_an_execution_drawn_late_goes_in_its_gap_on_the_worker(tmp_path: Path) -> None:
+    """Executions are drawn as their tasks are received, not always in the order they ran.
+
+    One drawn after a later one of the same worker stays on the worker's track when it
+    fits in its gap; a lane under the worker (what a threaded actor's overlapping
+    executions get) would show the worker running two tasks at once. It must end
+    strictly before the next one begins: that one's begin is earlier in the file, and
+    trace_processor orders events of one timestamp by file position.
+    """
+    path = tmp_path / "late.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="late", runner_name="engine", loop_pid=5, loop_tid=5)
+
+        drawn: dict[str, int] = {}
+
+        def ran(name: str, start_ms: int, end_ms: int) -> None:
+            drawn[name] = (end_ms - start_ms) * MS
+            task = tl.task_created(TimelineTask, name, 0, ResourceRequest(), T0,
+                                   stage_name="map")
+            tl.execution({"start_ns": T0 + start_ms * MS, "end_ns": T0 + end_ms * MS,
+                          "node_id": "n" * 40, "pid": 9}, task)
+            tl.task_ended(task, T0 + 1000 * MS, None)
+
+        with tl.late_batch():  # as the runner tracer draws a batch of received tasks
+            ran("a", 10, 20)
+            ran("c", 50, 60)
+            ran("b", 30, 40)  # ran between a and c: their gap
+        ran("d", 41, 49)  # a later batch, between b and c
+        ran("overlap", 55, 70)  # runs beside c (a threaded actor): a lane
+        ran("touching", 20, 30)  # would end where b begins, b's begin already written
+        for i in range(70):  # in order, after everything
+            ran(f"next{i}", 100 + 10 * i, 105 + 10 * i)
+        ran("forgotten", 0, 5)  # before the executions kept for gaps: not known free
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    (node,) = [t for t in model.tracks.values() if t.name == "Node 0 (nnnnnnnn)"]
+    (worker,) = [t for t in model.children(node.uuid) if t.name == "worker 9"]
+    lanes = {t.uuid for t in model.children(worker.uuid) if t.name == "worker 9"}
+    where: dict[str, str] = {}
+    for s in model.slices:
+        if s.category == L.CAT_EXECUTION:
+            where[s.args[L.ARG_TASK_ID]] = (
+                "worker" if s.track_uuid == worker.uuid else
+                "lane" if s.track_uuid in lanes else "elsewhere"
+            )
+    on_lanes = {name for name, w in where.items() if w == "lane"}
+    assert on_lanes == {"overlap", "touching", "forgotten"}, where
+    assert {name for name, w in where.items() if w == "worker"} == (
+        {"a", "b", "c", "d"} | {f"next{i}" for i in range(70)})
+    # Nothing misnested: each lasts what was drawn (had "touching" gone on the worker's
+    # track, it would have read 20 ms and b 0 ms, nested in it, in trace_processor as in
+    # our reader; tests/tp_check.py checks that they agree), and none overlap there.
+    assert {s.args[L.ARG_TASK_ID]: s.dur for s in model.slices
+            if s.category == L.CAT_EXECUTION} == drawn
+    mine = sorted((s.ts, s.ts + s.dur) for s in model.slices if s.track_uuid == worker.uuid)
+    assert all(end < nxt for (_, end), (nxt, _) in pairwise(mine))
