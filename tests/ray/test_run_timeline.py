@@ -303,3 +303,24 @@ def test_an_execution_drawn_late_goes_in_its_gap_on_the_worker(tmp_path: Path) -
             if s.category == L.CAT_EXECUTION} == drawn
     mine = sorted((s.ts, s.ts + s.dur) for s in model.slices if s.track_uuid == worker.uuid)
     assert all(end < nxt for (_, end), (nxt, _) in pairwise(mine))
+
+
+def test_an_execution_that_ends_before_it_starts_lasts_nothing(tmp_path: Path) -> None:
+    """A wall clock stepped back during a task (its measured end before its start): the
+    execution is drawn 0 long where it started, and the worker's next one is unaffected."""
+    path = tmp_path / "backwards.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="back", runner_name="engine", loop_pid=5, loop_tid=5)
+        for name, start_ms, end_ms in (("stepped", 10, 4), ("next", 12, 20)):
+            task = tl.task_created(TimelineTask, name, 0, ResourceRequest(), T0,
+                                   stage_name="map")
+            tl.execution({"start_ns": T0 + start_ms * MS, "end_ns": T0 + end_ms * MS,
+                          "node_id": "n" * 40, "pid": 9}, task)
+            tl.task_ended(task, T0 + 30 * MS, None)
+        tl.close()
+    model = read_trace(path, strict=True)
+    executions = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+                  if s.category == L.CAT_EXECUTION}
+    assert (executions["stepped"].ts, executions["stepped"].dur) == (T0 + 10 * MS, 0)
+    assert (executions["next"].ts, executions["next"].dur) == (T0 + 12 * MS, 8 * MS)
+    assert executions["stepped"].track_uuid == executions["next"].track_uuid  # no lane

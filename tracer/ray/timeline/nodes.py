@@ -120,6 +120,7 @@ class Nodes:
         file, and trace_processor orders events of one timestamp by file
         position, so an end at that same timestamp would close the wrong slice.
         """
+        end = max(end, start)  # a measured end before its start keeps ``recent`` sorted
         recent = worker.recent
         if start >= worker.last_end:
             worker.last_end = end

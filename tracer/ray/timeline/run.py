@@ -397,7 +397,7 @@ class RunTimeline:
         (``task_id``, ``stage_id``). Measurements without a start are ignored.
         """
         start = int(m.get("start_ns") or 0)
-        end = int(m.get("end_ns") or start)
+        end = max(int(m.get("end_ns") or start), start)  # a wall clock stepped back: 0 long
         if not start:
             return
         stage_id: Any
