@@ -6,6 +6,7 @@ import ast
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 from engines_agree import assert_engines_agree
 
 from tracer.format import TraceWriter, read_trace
@@ -278,7 +279,14 @@ def test_an_execution_drawn_late_goes_in_its_gap_on_the_worker(tmp_path: Path) -
         ran("touching", 20, 30)  # would end where b begins, b's begin already written
         for i in range(70):  # in order, after everything
             ran(f"next{i}", 100 + 10 * i, 105 + 10 * i)
-        ran("forgotten", 0, 5)  # before the executions kept for gaps: not known free
+        # Drawn after 70 later ones (executions from Ray's events come a read late): still
+        # in its gap, between a and b.
+        ran("much later", 22, 25)
+        # The producer says no execution to come starts before 400 ms: those that ended
+        # by then are let go (next29, 390-395 ms, the last of them).
+        tl.settle(T0 + 400 * MS)
+        ran("forgotten", 0, 5)  # among those let go: not known to be free, a lane
+        ran("after", 396, 399)  # after them, before next30 (400 ms): its gap
         tl.close()
 
     model = read_trace(path, strict=True)
@@ -295,7 +303,7 @@ def test_an_execution_drawn_late_goes_in_its_gap_on_the_worker(tmp_path: Path) -
     on_lanes = {name for name, w in where.items() if w == "lane"}
     assert on_lanes == {"overlap", "touching", "forgotten"}, where
     assert {name for name, w in where.items() if w == "worker"} == (
-        {"a", "b", "c", "d"} | {f"next{i}" for i in range(70)})
+        {"a", "b", "c", "d", "much later", "after"} | {f"next{i}" for i in range(70)})
     # Nothing misnested: each lasts what was drawn (had "touching" gone on the worker's
     # track, it would have read 20 ms and b 0 ms, nested in it, in trace_processor as in
     # our reader; tests/tp_check.py checks that they agree), and none overlap there.
@@ -324,3 +332,31 @@ def test_an_execution_that_ends_before_it_starts_lasts_nothing(tmp_path: Path) -
     assert (executions["stepped"].ts, executions["stepped"].dur) == (T0 + 10 * MS, 0)
     assert (executions["next"].ts, executions["next"].dur) == (T0 + 12 * MS, 8 * MS)
     assert executions["stepped"].track_uuid == executions["next"].track_uuid  # no lane
+
+
+def test_a_worker_keeps_a_bounded_history_of_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a producer's watermark, a worker keeps its last executions only (here 4):
+    one drawn late before those goes on a lane, one between them still in its gap."""
+    from tracer.ray.timeline import nodes
+
+    monkeypatch.setattr(nodes, "_RECENT", 4)
+    path = tmp_path / "bounded.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="bounded", runner_name="engine", loop_pid=5,
+                         loop_tid=5)
+        for name, start_ms in (("e0", 10), ("e1", 20), ("e2", 30), ("e3", 40), ("e4", 50),
+                               ("e5", 60), ("early", 1), ("between", 56)):
+            task = tl.task_created(TimelineTask, name, 0, ResourceRequest(), T0,
+                                   stage_name="map")
+            tl.execution({"start_ns": T0 + start_ms * MS, "end_ns": T0 + (start_ms + 3) * MS,
+                          "node_id": "n" * 40, "pid": 9}, task)
+            tl.task_ended(task, T0 + 100 * MS, None)
+        tl.close()
+    model = read_trace(path, strict=True)
+    (worker,) = [t for t in model.tracks.values()
+                 if t.name == "worker 9" and (model.parent_of(t.uuid) or t).name != "worker 9"]
+    on_worker = {s.args[L.ARG_TASK_ID] for s in model.slices
+                 if s.category == L.CAT_EXECUTION and s.track_uuid == worker.uuid}
+    assert on_worker == {"e0", "e1", "e2", "e3", "e4", "e5", "between"}

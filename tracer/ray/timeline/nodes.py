@@ -32,20 +32,22 @@ WORKER_RANK_BASE = 10
 LANE_RANK = 0
 RAY_PHASES_RANK = 1
 WORKER_COUNTER_RANK = 2
-#: The worker track's latest executions kept, to place one that is drawn late in its gap.
-_RECENT = 64
+#: At most this many of a worker track's executions are kept (to place one drawn late in its
+#: gap); fewer once the producer says how early an execution still to come can start.
+_RECENT = 1024
 
 
 class Worker:
-    __slots__ = ("lanes", "last_end", "pid", "ray_lanes", "recent", "track", "trimmed")
+    __slots__ = ("floor", "lanes", "last_end", "pid", "ray_lanes", "recent", "track")
 
     def __init__(self, track: Track, pid: int) -> None:
         self.track = track
         self.pid = pid
         self.last_end = 0
-        #: (start, end) of the latest executions on the worker's track, by start.
+        #: (start, end) of the executions on the worker's track, by start (and so by end:
+        #: they do not overlap), since ``floor``: those that ended before it were let go.
         self.recent: list[tuple[int, int]] = []
-        self.trimmed = False  # earlier ones were dropped from ``recent``
+        self.floor = 0
         self.lanes: list[tuple[Track, int]] = []
         #: Tracks of Ray's phases under the worker, with the end of their last slice.
         self.ray_lanes: list[tuple[Track, int]] = []
@@ -114,8 +116,11 @@ class Nodes:
         Executions are drawn as the runner receives their tasks, not always in
         the order they ran: one received after a later one of the same worker
         goes on the worker's track when it fits in the gap it ran in. A lane
-        only for it would show a worker running two tasks at once (~1 in 2000
-        level-1 executions of a 2-core run did before). It must end strictly
+        only for it would show a worker running two tasks at once (before: ~1
+        in 2000 level-1 executions of a 2-core run, 90 in 2000 with executions
+        from Ray's events, which come a read late). The worker keeps its
+        executions until the producer's watermark (:meth:`forget_before`, at
+        each settle) or at most ``_RECENT`` of them. It must end strictly
         before the next one starts: the next one's begin is already in the
         file, and trace_processor orders events of one timestamp by file
         position, so an end at that same timestamp would close the wrong slice.
@@ -130,17 +135,16 @@ class Nodes:
         else:
             insort(recent, (start, end))
         if len(recent) > _RECENT:
-            del recent[0]
-            worker.trimmed = True
+            worker.floor = max(worker.floor, recent.pop(0)[1])
         return worker.track
 
     @staticmethod
     def _fits(worker: Worker, start: int, end: int) -> bool:
         """Does [start, end] fall in a gap between the worker track's recent executions?"""
+        if start < worker.floor:
+            return False  # among executions let go: the gap is not known
         recent = worker.recent
         i = bisect_right(recent, (start, end))
-        if i == 0 and worker.trimmed:
-            return False  # before what is kept: the gap is not known
         if i and recent[i - 1][1] > start:
             return False
         return i == len(recent) or end < recent[i][0]
@@ -156,6 +160,19 @@ class Nodes:
         )
         worker.lanes.append((lane, end))
         return lane
+
+    def forget_before(self, watermark: int) -> None:
+        """No execution still to come starts before ``watermark``: let go of the workers'
+        executions that ended by then (they can border no gap still to fill)."""
+        for node in self.by_id.values():
+            for worker in node.workers.values():
+                recent = worker.recent
+                n = 0
+                while n < len(recent) and recent[n][1] <= watermark:
+                    n += 1
+                if n:
+                    worker.floor = max(worker.floor, recent[n - 1][1])
+                    del recent[:n]
 
     def ray_phases_track(self, worker: Worker, start: int, end: int) -> Track:
         """The worker's track of Ray's phases free from ``start`` (one more when they overlap).

@@ -480,6 +480,8 @@ class RunTimeline:
         if since is not None and (watermark is None or since < watermark):
             watermark = since
         self.memory.settle(watermark)
+        if watermark is not None:
+            self.nodes.forget_before(watermark)
 
     # ------------------------------------------------------------ Ray's events
 
