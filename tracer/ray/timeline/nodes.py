@@ -18,6 +18,7 @@ counters come before its workers (:data:`NODE_COUNTER_RANK`).
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from operator import itemgetter
 
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
@@ -35,15 +36,15 @@ WORKER_COUNTER_RANK = 2
 #: At most this many of a worker track's executions are kept (to place one drawn late in its
 #: gap); fewer once the producer says how early an execution still to come can start.
 _RECENT = 1024
+_END = itemgetter(1)
 
 
 class Worker:
-    __slots__ = ("floor", "lanes", "last_end", "pid", "ray_lanes", "recent", "track")
+    __slots__ = ("floor", "lanes", "pid", "ray_lanes", "recent", "track")
 
     def __init__(self, track: Track, pid: int) -> None:
         self.track = track
         self.pid = pid
-        self.last_end = 0
         #: (start, end) of the executions on the worker's track, by start (and so by end:
         #: they do not overlap), since ``floor``: those that ended before it were let go.
         self.recent: list[tuple[int, int]] = []
@@ -125,15 +126,13 @@ class Nodes:
         file, and trace_processor orders events of one timestamp by file
         position, so an end at that same timestamp would close the wrong slice.
         """
-        end = max(end, start)  # a measured end before its start keeps ``recent`` sorted
         recent = worker.recent
-        if start >= worker.last_end:
-            worker.last_end = end
+        if start >= (recent[-1][1] if recent else worker.floor):  # in order: the common case
             recent.append((start, end))
-        elif not self._fits(worker, start, end):
-            return self._lane(worker, start, end)
-        else:
+        elif self._fits(worker, start, end):
             insort(recent, (start, end))
+        else:
+            return self._lane(worker, start, end)
         if len(recent) > _RECENT:
             worker.floor = max(worker.floor, recent.pop(0)[1])
         return worker.track
@@ -144,10 +143,8 @@ class Nodes:
         if start < worker.floor:
             return False  # among executions let go: the gap is not known
         recent = worker.recent
-        i = bisect_right(recent, (start, end))
-        if i and recent[i - 1][1] > start:
-            return False
-        return i == len(recent) or end < recent[i][0]
+        i = bisect_right(recent, (start, end))  # past the last only overlapping it (checked first)
+        return (i == 0 or recent[i - 1][1] <= start) and end < recent[i][0]
 
     def _lane(self, worker: Worker, start: int, end: int) -> Track:
         """A lane under the worker free from ``start`` (a new one when none is)."""
@@ -167,9 +164,7 @@ class Nodes:
         for node in self.by_id.values():
             for worker in node.workers.values():
                 recent = worker.recent
-                n = 0
-                while n < len(recent) and recent[n][1] <= watermark:
-                    n += 1
+                n = bisect_right(recent, watermark, key=_END)  # their ends are in order too
                 if n:
                     worker.floor = max(worker.floor, recent[n - 1][1])
                     del recent[:n]
