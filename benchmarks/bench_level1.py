@@ -51,7 +51,7 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import TASK_MS, _stage
+from bench_runner import TASK_MS, task_stage
 from cpu_meter import KINDS, busy_load, machine_busy_s, proc_cpu_s, tree_cpu_by_kind, tree_cpu_s
 
 from tracer.ray import wait_for_traces
@@ -102,7 +102,7 @@ Measured = tuple[float, float, float, float, float, dict[str, float]]
 def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
     """One run of the variant (see :data:`Measured`)."""
     path.unlink(missing_ok=True)
-    pipeline = Pipeline(list(range(tasks)), [_stage()])
+    pipeline = Pipeline(list(range(tasks)), [task_stage()])
     with variant(name) as level:
         t = os.times()
         driver0 = t.user + t.system

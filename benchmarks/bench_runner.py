@@ -76,7 +76,9 @@ def busy(x: int, ms: float) -> int:
 TASK_MS = [0.0]
 
 
-def _stage() -> Stage:
+def task_stage() -> Stage:
+    """The one stage of the benchmark's runs: no-op tasks, or tasks computing --task-ms
+    (shared with bench_level1.py)."""
     if TASK_MS[0] > 0:
         return Stage("noop", functools.partial(busy, ms=TASK_MS[0]))
     return Stage("noop", noop)
@@ -107,7 +109,7 @@ def run_once(level: int, tasks: int, trace_path: Path) -> tuple[float, int, tupl
     trace was finished (Ray's last events are drawn after the run returned).
     """
     trace_path.unlink(missing_ok=True)
-    pipeline = Pipeline(list(range(tasks)), [_stage()])
+    pipeline = Pipeline(list(range(tasks)), [task_stage()])
     cpu_before = cpu_now()
     start = time.perf_counter()
     results = pipeline.run(tracing_level=level, trace_path=trace_path, progress=False)
