@@ -183,7 +183,7 @@ class RayEventsChannel:
                     return True
                 self._timeline.ray_events(chunk, final=final, dropped_by_ray=dropped)
         with self._lock:
-            return self._closed or not self._timeline.ray_events_wanted()
+            return self._closed or not self._timeline.ray_events_pending()
 
     def _settled(self) -> bool:
         """Has Ray the events of every worker's last execution still wanted? (Drawn, then.)"""

@@ -160,7 +160,7 @@ class LifecycleCalls:
 
         if wait is None:
             wait = close_waits()
-        if wait or channel is None or not self._timeline.ray_events_wanted():
+        if wait or channel is None or not self._timeline.ray_events_pending():
             finish()
             return
         try:  # the trace on disk is complete now, but for Ray's last events

@@ -503,6 +503,11 @@ class RunTimeline:
             return self._ray.wanted()
         return list(dict.fromkeys(self._awaited.wanted() + self._ray.wanted()))
 
+    def ray_events_pending(self) -> bool:
+        """Are Ray's events of any execution still wanted? (What :meth:`ray_events_wanted`
+        would say is not empty, without making the list: asked after every drawn chunk.)"""
+        return bool(self._awaited) or self._ray.missing > 0
+
     def ray_events_probes(self, limit: int = 16) -> list[str]:
         """Of those, the tasks received last and each worker's last execution (see
         :meth:`.RayPhases.probes`)."""
