@@ -30,15 +30,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 T0 = 1_800_000_000_000_000_000
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def drive(n: int) -> float:
-    """The dispatch loop of ``n`` tasks; returns the CPU seconds it took."""
+def drive(n: int, ray_events: bool = False) -> float:
+    """The dispatch loop of ``n`` tasks; returns the CPU seconds it took.
+
+    ``ray_events``: then draw, after the loop, Ray's events of every task as
+    level 1 reads them (five states, the worker's span and three phases, the
+    shape of a real no-op task's), 256 tasks a hold of the lock as the
+    events channel draws them.
+    """
     from tracer.format import TraceWriter
     from tracer.ray import ResourceRequest, RunnerTracer, TracingLevel
+    from tracer.ray import layout as L
+    from tracer.ray.timeline.ray_phases import RayTaskEvents
 
     now = [T0]
 
@@ -50,6 +59,9 @@ def drive(n: int) -> float:
         writer = TraceWriter(Path(tmp) / "t.perfetto-trace", clock=clock, compress=True)
         tracer = RunnerTracer(writer, execution_id="cpu", level=TracingLevel.TIMELINE,
                               cluster_resources={"CPU": 2.0})
+        if ray_events:
+            tracer._timeline.expect_ray_events()
+        facts: list[RayTaskEvents] = []
         req = ResourceRequest(num_cpus=1)
         start = time.process_time()
         for wave in range(n // 4):
@@ -68,26 +80,60 @@ def drive(n: int) -> float:
                     ready(num_ready=4)
                 for k, tid in enumerate(ids):
                     begin = now[0] + 100
+                    # With Ray's events, each task of a wave on a worker of its own: their
+                    # spans overlap, and one worker's would take lanes a real run has not.
+                    pid = 100 + (k if ray_events else k % 2)
+                    ray_task_id = f"{wave * 4 + k:048x}"
                     # What a traced task's return value would have brought (no Ray here).
                     tracer._tasks[tid].metrics = {
-                        "start_ns": begin, "end_ns": begin + 5000, "pid": 100 + k % 2,
-                        "node_id": "a" * 40, "ray_task_id": f"{k:048x}",
+                        "start_ns": begin, "end_ns": begin + 5000, "pid": pid,
+                        "node_id": "a" * 40, "ray_task_id": ray_task_id,
                         "assigned_resources": {"CPU": 1.0}, "rss_start": 90 << 20,
                         "rss_end": 91 << 20, "rss_peak": 92 << 20,
                     }
+                    if ray_events:
+                        facts.append(_ray_task_events(
+                            RayTaskEvents, L, ray_task_id, tracer._tasks[tid].dispatch_ts,
+                            begin, pid,
+                        ))
                 tracer.tasks_received_as_ready(ids)
                 metrics(dispatched=4)
+        tracer.complete_received()
+        for i in range(0, len(facts), 256):
+            with tracer._lock:
+                tracer._timeline.ray_events(facts[i:i + 256])
+        if ray_events and tracer._timeline.ray_events_wanted():
+            sys.exit("the simulated Ray events were not all drawn")
         tracer.stage_done(0)
         tracer.close()
         return time.process_time() - start
 
 
-def instructions(pythonpath: str, n: int) -> int:
+def _ray_task_events(
+    cls: Any, L: Any, ray_task_id: str, dispatched: int, begin: int, pid: int
+) -> Any:
+    """Ray's events of one task as the events channel hands them over (times in ns)."""
+    return cls(
+        ray_task_id=ray_task_id, attempt=0, name="map", node_id="a" * 40, worker_pid=pid,
+        states=(
+            (L.STATE_PENDING_ARGS, dispatched + 10_000), (L.STATE_PENDING_NODE, dispatched + 20_000),
+            (L.STATE_SUBMITTED, dispatched + 30_000), (L.STATE_RUNNING, begin - 500),
+            (L.STATE_FINISHED, begin + 6000),
+        ),
+        span=(begin - 1000, begin + 6000),
+        phases=(
+            (L.PHASE_DESERIALIZE, begin - 900, begin - 100), (L.PHASE_EXECUTE, begin, begin + 5000),
+            (L.PHASE_STORE_OUTPUTS, begin + 5100, begin + 5900),
+        ),
+    )
+
+
+def instructions(pythonpath: str, n: int, ray_events: bool = False) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             sys.executable, __file__, "--drive", str(n)],
+             sys.executable, __file__, "--drive", str(n)] + (["--ray-events"] if ray_events else []),
             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath},
             check=False,
         )
@@ -97,8 +143,10 @@ def instructions(pythonpath: str, n: int) -> int:
         return int(match.group(1))
 
 
-def per_task(pythonpath: str, small: int, large: int) -> float:
-    return (instructions(pythonpath, large) - instructions(pythonpath, small)) / (large - small)
+def per_task(pythonpath: str, small: int, large: int, ray_events: bool = False) -> float:
+    return (
+        instructions(pythonpath, large, ray_events) - instructions(pythonpath, small, ray_events)
+    ) / (large - small)
 
 
 def main() -> None:
@@ -106,17 +154,21 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=3000)
     parser.add_argument("--compare", type=Path, help="another checkout to measure too")
+    parser.add_argument(
+        "--ray-events", action="store_true",
+        help="also draw Ray's events of every task (level 1's phases and states)",
+    )
     parser.add_argument("--drive", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
-        drive(args.drive)
+        drive(args.drive, args.ray_events)
         return
     if args.large <= args.small:
         parser.error("--large must be more than --small")
-    ours = per_task(str(ROOT), args.small, args.large)
+    ours = per_task(str(ROOT), args.small, args.large, args.ray_events)
     print(f"this checkout: {ours / 1000:.1f} k instructions per task")
     if args.compare:
-        theirs = per_task(str(args.compare.resolve()), args.small, args.large)
+        theirs = per_task(str(args.compare.resolve()), args.small, args.large, args.ray_events)
         print(f"{args.compare}: {theirs / 1000:.1f} k instructions per task")
         print(f"ratio this / other: {ours / theirs:.3f}")
 
