@@ -116,7 +116,8 @@ def _ray_task_events(
     return cls(
         ray_task_id=ray_task_id, attempt=0, name="map", node_id="a" * 40, worker_pid=pid,
         states=(
-            (L.STATE_PENDING_ARGS, dispatched + 10_000), (L.STATE_PENDING_NODE, dispatched + 20_000),
+            (L.STATE_PENDING_ARGS, dispatched + 10_000),
+            (L.STATE_PENDING_NODE, dispatched + 20_000),
             (L.STATE_SUBMITTED, dispatched + 30_000), (L.STATE_RUNNING, begin - 500),
             (L.STATE_FINISHED, begin + 6000),
         ),
@@ -133,7 +134,8 @@ def instructions(pythonpath: str, n: int, ray_events: bool = False) -> int:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             sys.executable, __file__, "--drive", str(n)] + (["--ray-events"] if ray_events else []),
+             sys.executable, __file__, "--drive", str(n),
+             *(["--ray-events"] if ray_events else [])],
             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath},
             check=False,
         )

@@ -74,7 +74,7 @@ class RayTaskEvents:
         """Ray has recorded the attempt's end (FINISHED or FAILED)."""
         # Asked once per task read, by the thread that draws them: a loop, not any() over
         # a generator (~1 µs less a task).
-        for state, _ in self.states:
+        for state, _ in self.states:  # noqa: SIM110
             if state == L.STATE_FINISHED or state == L.STATE_FAILED:
                 return True
         return False
