@@ -93,7 +93,7 @@ def drive(n: int, ray_events: bool = False) -> float:
                     }
                     if ray_events:
                         facts.append(_ray_task_events(
-                            RayTaskEvents, L, ray_task_id, tracer._tasks[tid].dispatch_ts,
+                            RayTaskEvents, L, ray_task_id, tracer._tasks[tid].dispatch_ts or begin,
                             begin, pid,
                         ))
                 tracer.tasks_received_as_ready(ids)
