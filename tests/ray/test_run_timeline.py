@@ -230,6 +230,57 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     assert read.ts == run.end_ts and L.ARG_RAY_EVENTS_MISSING not in run.args
 
 
+def test_ray_events_timed_out_of_place_are_clamped(tmp_path: Path) -> None:
+    """Ray times phases and states on its own clocks (another node's, another process's):
+    a phase outside the task's span in the worker is clamped into it, one that starts
+    before the previous one ended starts at that end; states are clamped into the task's
+    'dispatched' slice, and one that would last nothing there is not drawn (Ray's
+    FINISHED after the runner received the task, a state followed at once by another)."""
+    from tracer.ray.timeline import RayTaskEvents
+
+    path = tmp_path / "clamped.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="clamp", loop_pid=77, loop_tid=77)
+        tl.expect_ray_events()
+        a = tl.task_created(TimelineTask, "a", 0, ResourceRequest(num_cpus=1), T0,
+                            stage_name="map")
+        tl.task_dispatched(a, T0 + 1 * MS)
+        tl.execution({"start_ns": T0 + 5 * MS, "end_ns": T0 + 9 * MS, "node_id": "n" * 40,
+                      "pid": 500, "ray_task_id": "aa"}, a)
+        tl.task_ended(a, T0 + 12 * MS, None)
+        states = ((L.STATE_PENDING_ARGS, T0),  # before the dispatch
+                  (L.STATE_PENDING_NODE, T0 + 3 * MS), (L.STATE_SUBMITTED, T0 + 3 * MS),
+                  (L.STATE_RUNNING, T0 + 4 * MS),
+                  (L.STATE_FINISHED, T0 + 13 * MS))  # after the runner received it
+        phases = ((L.PHASE_DESERIALIZE, T0 + 3 * MS, T0 + 5 * MS),  # starts before the span
+                  (L.PHASE_EXECUTE, T0 + 9 * MS // 2, T0 + 9 * MS),  # before the last one ended
+                  (L.PHASE_STORE_OUTPUTS, T0 + 9 * MS, T0 + 11 * MS))  # ends after it
+        ev = RayTaskEvents("aa", 0, "map_fn", "n" * 40, 500, states,
+                           (T0 + 4 * MS, T0 + 10 * MS), phases)
+        assert tl.ray_events([ev]) == 1
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    by_track = {t.uuid: t.name for t in model.tracks.values()}
+    phases_drawn = sorted(
+        ((s.name, s.ts - T0, s.dur) for s in model.slices
+         if by_track[s.track_uuid] == L.RAY_PHASES_TRACK and s.depth == 1),
+        key=lambda p: p[1])
+    (span,) = [(s.ts - T0, s.dur) for s in model.slices
+               if by_track[s.track_uuid] == L.RAY_PHASES_TRACK and s.depth == 0]
+    assert span == (4 * MS, 6 * MS)
+    assert phases_drawn == [(L.PHASE_DESERIALIZE, 4 * MS, 1 * MS),
+                            (L.PHASE_EXECUTE, 5 * MS, 4 * MS),
+                            (L.PHASE_STORE_OUTPUTS, 9 * MS, 1 * MS)]
+    states_drawn = sorted(
+        ((s.name, s.ts - T0, s.dur) for s in model.slices
+         if by_track[s.track_uuid] == L.RAY_STATES_TRACK), key=lambda p: p[1])
+    assert states_drawn == [(L.STATE_PENDING_ARGS, 1 * MS, 2 * MS),
+                            (L.STATE_SUBMITTED, 3 * MS, 1 * MS),
+                            (L.STATE_RUNNING, 4 * MS, 8 * MS)]
+    assert_engines_agree(path)
+
+
 def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> None:
     path = tmp_path / "no-ray-events.perfetto-trace"
     with TraceWriter(path) as w:
