@@ -55,6 +55,38 @@ from tracer.format.tracks import CounterTrack, Track
 __all__: list[str] = []
 
 
+class _ForwardClock:
+    """The writer's clock in its time unit, never going back.
+
+    A wall clock can step back (NTP correcting it, a VM resumed). Events
+    timed by the writer's own readings would then go back too, and a slice
+    begun before the step would end before it began: trace_processor matches
+    that END to nothing and leaves the BEGIN open, and every later slice of
+    the track nests in it. A reading earlier than the latest is taken as the
+    latest until the clock catches up: the events of that while are drawn at
+    one time, nested as they were written. Timestamps given to the writer are
+    not touched. (The C encoder does the same for ``time.time_ns``, which it
+    reads itself: ``Encoder.clock``.)
+    """
+
+    __slots__ = ("_read", "_unit", "last")
+
+    def __init__(self, read: Callable[[], int], unit: int) -> None:
+        self._read = read
+        self._unit = unit
+        self.last = 0
+
+    def __call__(self) -> int:
+        t = self._read()
+        if self._unit != 1:
+            t = t // self._unit
+        if t.__class__ is int:  # anything else is the encoding's to reject, as it was
+            if t < self.last:
+                return self.last
+            self.last = t
+        return t
+
+
 class _EventEncoding(_TrackDeclarations):
     """The event-encoding part of :class:`~tracer.format.TraceWriter` (its slow path)."""
 
@@ -76,7 +108,7 @@ class _EventEncoding(_TrackDeclarations):
         )
         #: The resolution timestamps are recorded at; the hot path works in these units.
         self.time_unit_ns = time_unit_ns
-        self._clock = clock if time_unit_ns == 1 else lambda: clock() // time_unit_ns
+        self._clock: Callable[[], int] = _ForwardClock(clock, time_unit_ns)
         self._intern_limit = intern_limit
         self._next_flow = 1
         self._late = -1

@@ -74,6 +74,7 @@ typedef struct {
     Py_ssize_t intern_limit;
     long long unit;
     int realtime_clock;     /* the clock is time.time_ns (read directly) */
+    long long last_read;    /* its latest reading, in units: readings never go back */
     int closed;
     /* Calls taken here (cached events, events with args) and handed to Python. */
     unsigned long long n_cached, n_args, n_python;
@@ -256,7 +257,16 @@ read_clock(Encoder *self, long long *out, PyObject **obj)
         struct timespec t;
         if (clock_gettime(CLOCK_REALTIME, &t) == 0) {
             long long ns = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-            *out = self->unit == 1 ? ns : ns / self->unit;
+            long long v = self->unit == 1 ? ns : ns / self->unit;
+            /* The wall clock stepped back (NTP, a VM resumed): the reading stays where
+             * it was until the clock catches up, as writer._ForwardClock does for a
+             * clock of Python's; a slice begun before the step then cannot end before
+             * it began. */
+            if (v < self->last_read)
+                v = self->last_read;
+            else
+                self->last_read = v;
+            *out = v;
             return 1;
         }
     }
@@ -1383,6 +1393,21 @@ Encoder_counter(Encoder *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     return r;
 }
 
+/* The writer's clock in units, as its events read it (with a realtime clock,
+ * what writer._clock becomes: one reading, never going back, for both). */
+static PyObject *
+Encoder_clock(Encoder *self, PyObject *Py_UNUSED(ignored))
+{
+    long long when;
+    PyObject *obj;
+    int got = read_clock(self, &when, &obj);
+    if (got < 0)
+        return NULL;
+    if (got == 0)
+        return obj; /* a reading C does not take: as the clock gave it */
+    return PyLong_FromLongLong(when);
+}
+
 static PyObject *
 Encoder_stats(Encoder *self, PyObject *Py_UNUSED(ignored))
 {
@@ -1766,6 +1791,15 @@ Encoder_init(Encoder *self, PyObject *args, PyObject *kwds)
     unit = attr(writer, "time_unit_ns");
     if (limit == NULL || intern_limit == NULL || unit == NULL)
         goto error;
+    {
+        PyObject *last = attr(writer, "_last"); /* the trace's start, in units */
+        if (last == NULL)
+            goto error;
+        self->last_read = PyLong_AsLongLong(last);
+        Py_DECREF(last);
+        if (self->last_read == -1 && PyErr_Occurred())
+            goto error;
+    }
     self->limit = PyLong_AsSsize_t(limit);
     self->intern_limit = PyLong_AsSsize_t(intern_limit);
     self->unit = PyLong_AsLongLong(unit);
@@ -1886,6 +1920,8 @@ static PyMethodDef Encoder_methods[] = {
      "TraceWriter.instant, in C (see tracer.format.writer)."},
     {"counter", (PyCFunction)(void (*)(void))Encoder_counter, METH_FASTCALL | METH_KEYWORDS,
      "TraceWriter.counter, in C (see tracer.format.writer)."},
+    {"clock", (PyCFunction)Encoder_clock, METH_NOARGS,
+     "The writer's clock, in its time unit (a realtime one never goes back)."},
     {"stats", (PyCFunction)Encoder_stats, METH_NOARGS,
      "How many calls were taken here (cached events, events with args) and handed to Python."},
     {"hold", (PyCFunction)Encoder_hold, METH_VARARGS,

@@ -77,6 +77,7 @@ from tracer.format._encoding import (
     _timestamp_type_error,
     _varint_value,
 )
+from tracer.format._events import _ForwardClock
 from tracer.format._late import _LateEvents
 from tracer.format._wire import field_bytes, field_varint, packet, varint
 from tracer.format.counter_sequence import CounterSequence
@@ -118,6 +119,11 @@ class TraceWriter(_LateEvents):
     Each timestamp is rounded down to a multiple of the unit, so two events
     less than a unit apart may share one, and a slice shorter than a unit may
     have no duration.
+
+    ``clock`` (ns) times the events given no timestamp, and :meth:`now`. Its
+    readings are held at the latest when it goes back (a wall clock stepped
+    back by NTP): a slice cannot end before it began. Timestamps given are
+    written as given.
     """
 
     def __init__(
@@ -166,12 +172,14 @@ class TraceWriter(_LateEvents):
         #: Where the trace's clock starts, in ns (rounded down to ``time_unit_ns``).
         self.start_ts = start - start % time_unit_ns
         self._last = start // time_unit_ns  # the delta chain, in units
+        if isinstance(self._clock, _ForwardClock) and self._last.__class__ is int:
+            self._clock.last = self._last  # its readings start here
         self._write_setup_packet(time.time_ns() if clock is not time.time_ns else start)
-        if time_unit_ns == 1 and type(self).now is TraceWriter.now:
-            self.__dict__["now"] = clock  # the same reading, one call fewer (a hot call)
         self._encoder: Any = None
         if _speedups is not None and use_speedups():
             self._accelerate(realtime_clock=clock is time.time_ns)
+        if time_unit_ns == 1 and type(self).now is TraceWriter.now:
+            self.__dict__["now"] = self._clock  # the same reading, one call fewer (a hot call)
 
     def _accelerate(self, realtime_clock: bool) -> None:
         """Route begin/end/instant/counter through the C encoder (tracer.format._speedups).
@@ -189,6 +197,10 @@ class TraceWriter(_LateEvents):
         for name in ("begin", "end", "instant", "counter"):
             if getattr(type(self), name) is getattr(base, name):
                 self.__dict__[name] = getattr(encoder, name)
+        if realtime_clock:
+            # The encoder reads the wall clock itself, never going back (as
+            # _ForwardClock does): now() reads it there too, one reading for both.
+            self._clock = encoder.clock
         self._encoder = encoder
 
     # ----------------------------------------------------------------- setup
