@@ -411,3 +411,46 @@ def test_a_worker_keeps_a_bounded_history_of_executions(
     on_worker = {s.args[L.ARG_TASK_ID] for s in model.slices
                  if s.category == L.CAT_EXECUTION and s.track_uuid == worker.uuid}
     assert on_worker == {"e0", "e1", "e2", "e3", "e4", "e5", "between"}
+
+
+def test_a_driver_clock_stepped_back_mid_wave_leaves_the_loop_nested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's wall clock steps back 50 ms inside a wave (NTP, a VM resumed): the
+    loop's slices and the task's, timed by the writer's clock, stay nested, and the
+    next wave is not drawn inside this one."""
+    from tracer.ray import RunnerTracer
+
+    monkeypatch.setenv("TRACER_RAY_EVENTS", "0")
+    now = [T0]
+    path = tmp_path / "stepped.perfetto-trace"
+    writer = TraceWriter(path, clock=lambda: now[0], compress=True, time_unit_ns=1000)
+    tracer = RunnerTracer(writer, execution_id="step", level=TracingLevel.TIMELINE,
+                          cluster_resources={"CPU": 2.0})
+    request = ResourceRequest(num_cpus=1)
+    for wave in range(2):
+        task_id = f"0-{wave}"
+        now[0] += 10 * MS if wave == 0 else 60 * MS  # the clock has caught up by wave 1
+        with tracer.dispatch_wave(wave):
+            with tracer.dispatch_batching():
+                tracer.task_created(task_id, 0, request, "map")
+            now[0] += 1 * MS
+            with tracer.dispatching():
+                tracer.task_dispatched(task_id)
+            if wave == 0:
+                now[0] -= 50 * MS  # stepped back
+            with tracer.awaiting(1, 0.1):
+                now[0] += 1 * MS
+            tracer.tasks_received_as_ready([task_id])
+    tracer.stage_done(0)
+    tracer.close()
+
+    model = read_trace(path, strict=True)  # an END before its BEGIN would raise
+    waves = [s for s in model.slices if s.name == L.SLICE_WAVE]
+    assert [w.depth for w in waves] == [1, 1]  # in the execution's slice, side by side
+    assert waves[0].end_ts <= waves[1].ts
+    awaiting = [s for s in model.slices if s.name == L.SLICE_AWAITING]
+    assert [(a.depth, a.dur) for a in awaiting] == [(2, 0), (2, MS)]
+    tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
+    assert len(tasks) == 2 and all(t.dur is not None and t.dur >= 0 for t in tasks)
+    assert_engines_agree(path)
