@@ -28,9 +28,14 @@ Per variant: wall time, and CPU per task in the driver, in the driver and
 every process under it (Ray's GCS, raylet and workers: the run's CPU across
 all its processes, which other users of a shared machine do not move), and
 on the whole machine (/proc/stat, less what the ``--busy`` load processes
-used; on a shared machine it has other users' work in it). Then where the
-run's CPU went: the driver's dispatch-loop thread, its other threads (Ray's
-and the tracer's), the workers, the raylet and the GCS.
+used; on a shared machine it has other users' work in it). These are
+counted until the run's trace was finished, ~1 s after the run returned at
+level 1 (Ray's workers report their last events once a second), so they hold
+what Ray's idle processes spend meanwhile; the paired ratios also give the
+CPU of the driver and Ray's processes until the run returned, without that
+fixed wait (and without the last events' drawing). Then where the run's CPU
+went: the driver's dispatch-loop thread, its other threads (Ray's and the
+tracer's), the workers, the raylet and the GCS.
 """
 
 from __future__ import annotations
@@ -95,8 +100,10 @@ def variant(name: str) -> Iterator[int]:
 #: load's, until its trace was finished (Ray's last events are drawn after the run
 #: returned: their cost, and what Ray's idle processes spend meanwhile, are in);
 #: seconds until the trace was finished; the CPU seconds under the driver by kind
-#: (``cpu_meter.KINDS``).
-Measured = tuple[float, float, float, float, float, dict[str, float]]
+#: (``cpu_meter.KINDS``); the CPU seconds of the driver and Ray's processes until the
+#: run returned (without the wait for Ray's last events, a fixed ~1 s of Ray idling
+#: that is not per task).
+Measured = tuple[float, float, float, float, float, dict[str, float], float]
 
 
 def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
@@ -112,6 +119,7 @@ def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
         start = time.perf_counter()
         results = pipeline.run(tracing_level=level, trace_path=path, progress=False)
         wall = time.perf_counter() - start
+        returned = tree_cpu_s() - tree0
         wait_for_traces()
         finished = time.perf_counter() - start
         t = os.times()
@@ -120,7 +128,7 @@ def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
         kinds = {k: v - kinds0[k] for k, v in tree_cpu_by_kind().items()}
         every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
-    return wall, driver, tree, every, finished, kinds
+    return wall, driver, tree, every, finished, kinds, returned
 
 
 def _init_ray() -> None:
@@ -150,8 +158,10 @@ def run_child(name: str, tasks: int, load: list[int]) -> Measured:
          "--task-ms", str(TASK_MS[0]), "--load-pids", ",".join(map(str, load))],
         check=True, capture_output=True, text=True,
     ).stdout
-    wall, driver, tree, every, finished, kinds = json.loads(out.strip().splitlines()[-1])
-    return wall, driver, tree, every, finished, kinds
+    wall, driver, tree, every, finished, kinds, returned = json.loads(
+        out.strip().splitlines()[-1]
+    )
+    return wall, driver, tree, every, finished, kinds, returned
 
 
 def main() -> int:
@@ -190,6 +200,7 @@ def main() -> int:
     trees: dict[str, list[float]] = defaultdict(list)
     alls: dict[str, list[float]] = defaultdict(list)
     finishes: dict[str, list[float]] = defaultdict(list)
+    returns: dict[str, list[float]] = defaultdict(list)
     by_kind: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     try:
         with tempfile.TemporaryDirectory(prefix="bench_level1.") as tmp, \
@@ -204,7 +215,8 @@ def main() -> int:
                         measured = run_child(name, n, load)
                     else:
                         measured = run_once(name, n, folder / f"{name}.perfetto-trace", load)
-                    wall, driver, tree, every, finished, kinds = measured
+                    wall, driver, tree, every, finished, kinds, returned = measured
+                    returns[name].append(returned)
                     for kind, cpu in kinds.items():
                         by_kind[name][kind].append(cpu)
                     walls[name].append(wall)
@@ -253,9 +265,11 @@ def main() -> int:
             f"{statistics.median(finishes[name]):9.3f}s"
         )
     print("\n  paired with the level-0 run of the same repetition, median [quartiles]:")
-    print(f"  {'variant':<12} {'wall ratio':>22} {'driver+Ray CPU ratio':>22}")
+    print(f"  {'variant':<12} {'wall ratio':>22} {'driver+Ray CPU ratio':>22} "
+          f"{'... until it returned':>22}")
     for name in names[1:]:
-        print(f"  {name:<12} {paired(walls, name):>22} {paired(trees, name):>22}")
+        print(f"  {name:<12} {paired(walls, name):>22} {paired(trees, name):>22} "
+              f"{paired(returns, name):>22}")
     print("\n  driver + Ray CPU by process (thread), us/task, median (and over level 0):")
     print(f"  {'':<22}" + "".join(f"{name:>16}" for name in names))
     for kind in KINDS:
