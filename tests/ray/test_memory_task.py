@@ -187,6 +187,7 @@ def follows_this_process_and_a_forked_child():
         try:
             child_base = current_rss()
             child_block = bytearray(os.urandom(1)) * (100 * MIB)
+            assert task_metrics._PID == os.getpid()  # what a task of the child reports
             os.write(write, f"{child_base} {current_rss()} {len(child_block)}".encode())
         finally:
             os._exit(0)
@@ -201,7 +202,7 @@ def survives_its_file_being_closed():
     task_metrics.current_rss()
     statm = task_metrics._STATM
     assert statm is not None
-    os.close(statm[1])
+    os.close(statm)
     assert task_metrics.current_rss() > 0  # the fallback: peak RSS
     block = bytearray(os.urandom(1)) * (100 * MIB)
     grown = task_metrics.current_rss()  # reopened: the current RSS again
