@@ -209,6 +209,25 @@ def survives_its_file_being_closed():
     del block
     assert task_metrics.current_rss() < grown - 50 * MIB
 
+def peak_rss_is_the_whole_processs():
+    # Read through getrusage(RUSAGE_THREAD): the process's high-water mark all the same,
+    # whichever thread raised it.
+    import threading
+    before = current_rss()  # the high-water mark may be above it already
+    def grow():
+        block = bytearray(os.urandom(1)) * (200 * MIB)
+        assert len(block)
+    worker = threading.Thread(target=grow)
+    worker.start()
+    worker.join()
+    after = task_metrics.peak_rss()
+    assert after - before >= 190 * MIB, (before, after)
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(task_metrics.peak_rss()))
+    reader.start()
+    reader.join()
+    assert seen[0] >= after, (seen, after)
+
 globals()[sys.argv[1]]()
 """
 
@@ -223,6 +242,12 @@ def _rss_check(name: str) -> None:
 def test_current_rss_follows_this_process_and_a_forked_child() -> None:
     """The /proc file stays open between reads: each read is fresh, and a child reads its own."""
     _rss_check("follows_this_process_and_a_forked_child")
+
+
+def test_peak_rss_is_the_whole_processs_whichever_thread_raised_it() -> None:
+    """The peak RSS is read per thread (cheaper), yet is the process's: Linux reports
+    the memory high-water mark its threads share."""
+    _rss_check("peak_rss_is_the_whole_processs")
 
 
 def test_current_rss_survives_its_file_being_closed() -> None:
