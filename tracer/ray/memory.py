@@ -342,8 +342,8 @@ def _finish(finish: Callable[[], None], metrics: dict[str, Any], overlapped: boo
 
 
 def _in_ray_worker() -> bool:
-    """This process is a Ray worker (its measurements found Ray there; see task_metrics)."""
+    """This process is a Ray worker (its measurements found Ray there; see task_metrics:
+    a forked child forgets its parent's)."""
     from tracer.ray import task_metrics
 
-    proc = task_metrics._PROCESS
-    return proc is not None and proc.pid == os.getpid()
+    return task_metrics._PROCESS is not None

@@ -176,7 +176,7 @@ def _where() -> Metrics:
     """
     proc = _PROCESS
     if proc is None:  # first use (a forked child forgets its parent's: _forked)
-        proc = _find_process_ray(_PID)
+        proc = _find_process_ray()
         if proc is None:
             return {}
     elif not proc.is_initialized():  # Ray was shut down in this process since
@@ -218,12 +218,9 @@ def _where_public(proc: _ProcessRay) -> Metrics:
 class _ProcessRay:
     """What every task of a worker process asks Ray, found once per process."""
 
-    __slots__ = (
-        "assigned", "context", "core", "is_initialized", "node_id", "pid", "raw_resources"
-    )
+    __slots__ = ("assigned", "context", "core", "is_initialized", "node_id", "raw_resources")
 
-    def __init__(self, pid: int, node_id: str, context: Any, core: Any, is_initialized: Any):
-        self.pid = pid
+    def __init__(self, node_id: str, context: Any, core: Any, is_initialized: Any):
         self.node_id = node_id
         self.context = context
         self.core = core
@@ -232,7 +229,7 @@ class _ProcessRay:
         self.assigned: dict[str, float] = {}  # and what they amount to
 
 
-def _find_process_ray(pid: int) -> _ProcessRay | None:
+def _find_process_ray() -> _ProcessRay | None:
     """This process's Ray, if it is a Ray worker (a driver measures nothing of Ray's)."""
     global _PROCESS
     try:
@@ -245,7 +242,7 @@ def _find_process_ray(pid: int) -> _ProcessRay | None:
             return None
         context = ray.get_runtime_context()
         proc = _ProcessRay(
-            pid, context.get_node_id(), context, ray_worker.global_worker.core_worker,
+            context.get_node_id(), context, ray_worker.global_worker.core_worker,
             ray.is_initialized,
         )
     except Exception:
@@ -483,7 +480,7 @@ def _profile_event() -> Any:
     """
     proc = _PROCESS
     if proc is None:
-        proc = _find_process_ray(_PID)
+        proc = _find_process_ray()
         if proc is None:
             return None
     try:
