@@ -46,8 +46,6 @@ def drive(n: int, ray_events: bool = False) -> float:
     """
     from tracer.format import TraceWriter
     from tracer.ray import ResourceRequest, RunnerTracer, TracingLevel
-    from tracer.ray import layout as L
-    from tracer.ray.timeline.ray_phases import RayTaskEvents
 
     now = [T0]
 
@@ -61,7 +59,7 @@ def drive(n: int, ray_events: bool = False) -> float:
                               cluster_resources={"CPU": 2.0})
         if ray_events:
             tracer._timeline.expect_ray_events()
-        facts: list[RayTaskEvents] = []
+        facts: list[Any] = []
         req = ResourceRequest(num_cpus=1)
         start = time.process_time()
         for wave in range(n // 4):
@@ -93,7 +91,7 @@ def drive(n: int, ray_events: bool = False) -> float:
                     }
                     if ray_events:
                         facts.append(_ray_task_events(
-                            RayTaskEvents, L, ray_task_id, tracer._tasks[tid].dispatch_ts or begin,
+                            ray_task_id, tracer._tasks[tid].dispatch_ts or begin,
                             begin, pid,
                         ))
                 tracer.tasks_received_as_ready(ids)
@@ -109,11 +107,12 @@ def drive(n: int, ray_events: bool = False) -> float:
         return time.process_time() - start
 
 
-def _ray_task_events(
-    cls: Any, L: Any, ray_task_id: str, dispatched: int, begin: int, pid: int
-) -> Any:
+def _ray_task_events(ray_task_id: str, dispatched: int, begin: int, pid: int) -> Any:
     """Ray's events of one task as the events channel hands them over (times in ns)."""
-    return cls(
+    from tracer.ray import layout as L
+    from tracer.ray.timeline.ray_phases import RayTaskEvents
+
+    return RayTaskEvents(
         ray_task_id=ray_task_id, attempt=0, name="map", node_id="a" * 40, worker_pid=pid,
         states=(
             (L.STATE_PENDING_ARGS, dispatched + 10_000),
