@@ -57,3 +57,24 @@ class InvalidArgumentTypeError(TracerError, TypeError):
 
 class ValueOutOfRangeError(InvalidArgumentError, OverflowError):
     """A number does not fit the field it goes into (e.g. a counter value beyond int64)."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, on Python 3.10 too, and never an error of its own.
+
+    Python 3.10 has no ``add_note``: there the ``__notes__`` list 3.11 would
+    make is made by hand (pytest shows it; 3.10's own tracebacks do not). An
+    exception that refuses new attributes keeps no note: a note is never
+    worth replacing the user's error with another.
+    """
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+            return
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]  # (mypy checks for 3.10)
+        notes.append(note)
+    except Exception:
+        pass

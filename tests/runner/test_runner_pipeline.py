@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import ray
 
+from tracer.errors import add_note
 from tracer.format.reader import read_trace
 from tracer.ray import layout as L
 from tracer.runner import Pipeline, Stage, UnsatisfiableResourcesError
-from tracer.runner.pipeline import _add_note
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -89,11 +89,11 @@ class _NoAddNote(KeyError):
 def test_notes_without_add_note_go_where_add_note_puts_them() -> None:
     exc = _NoAddNote("no row 3")
     assert not hasattr(exc, "add_note")
-    _add_note(exc, "in stage 'explode', partition 3")
-    _add_note(exc, "second")
+    add_note(exc, "in stage 'explode', partition 3")
+    add_note(exc, "second")
     assert exc.__notes__ == ["in stage 'explode', partition 3", "second"]
     native = KeyError("no row 3")
-    _add_note(native, "note")
+    add_note(native, "note")
     assert native.__notes__ == ["note"]
 
 

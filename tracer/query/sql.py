@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
 
 __all__ = ["ANALYSES", "TABLES", "sql_path", "sql_text", "worker_utilisation_sql"]
 
@@ -35,12 +39,17 @@ def sql_text(name: str) -> str:
     """The text of ``sql/<name>.sql`` (``KeyError`` for an unknown name)."""
     if name != TABLES and name not in ANALYSES:
         raise KeyError(f"no SQL file named {name!r}; known: {', '.join((TABLES, *ANALYSES))}")
-    return resources.files("tracer.query").joinpath("sql", f"{name}.sql").read_text("utf-8")
+    return _sql_file(name).read_text("utf-8")
 
 
 def sql_path(name: str) -> str:
     """Where ``sql/<name>.sql`` is installed, to point users at it."""
-    return str(resources.files("tracer.query").joinpath("sql", f"{name}.sql"))
+    return str(_sql_file(name))
+
+
+def _sql_file(name: str) -> Traversable:
+    # One name per joinpath: Python 3.10's zip-imported packages take no more.
+    return resources.files("tracer.query").joinpath("sql").joinpath(f"{name}.sql")
 
 
 def worker_utilisation_sql(buckets: int) -> str:

@@ -11,7 +11,6 @@ only the public API of :mod:`tracer.ray`.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import math
@@ -23,6 +22,7 @@ from typing import Any, NoReturn
 
 import ray
 
+from tracer.errors import add_note
 from tracer.ray import (
     AnyRunnerTracer,
     RayFunctionWrapper,
@@ -111,22 +111,8 @@ def _run_stage(
             data = data()
         return fn(data)
     except Exception as exc:
-        _add_note(exc, f"in stage {stage_name!r}, partition {partition}")
+        add_note(exc, f"in stage {stage_name!r}, partition {partition}")
         raise
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``; on Python 3.10, which has no ``add_note``, the same
-    ``__notes__`` list it would make (tracebacks print it from 3.11 on)."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    with contextlib.suppress(Exception):  # an exception that refuses new attributes
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-            exc.__notes__ = notes
-        notes.append(note)
 
 
 _run_stage_remote = ray.remote(_run_stage)

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tracer.errors import add_note
 from tracer.testing.errors import TracedMemoryError
 
 __all__ = ["LEVEL_ENV_VAR", "TRACE_DIR_ENV_VAR", "TaskMemory", "TracedMemory", "TracedRun"]
@@ -317,18 +318,6 @@ class TracedMemory:
         if exc is None:
             run._load()
         elif isinstance(exc, Exception) and any(run.folder.glob(f"*{_TRACE_SUFFIX}")):
-            _add_note(exc, f"traced memory: the block's traces are in {run.folder}")
+            add_note(exc, f"traced memory: the block's traces are in {run.folder}")
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    try:  # Python 3.10: the list add_note would make (tracebacks print it from 3.11)
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-            exc.__notes__ = notes
-        notes.append(note)
-    except Exception:
-        pass
