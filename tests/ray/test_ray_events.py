@@ -353,17 +353,18 @@ def test_a_read_outlasting_the_flushers_join_does_not_deadlock_the_close(
 
     import ray
 
-    from tracer.ray import ray_events
+    from tracer.ray import flusher, ray_events
 
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
     started = threading.Event()
+    JOIN_S = 1.0  # the flusher's join, shortened from its 5 s for the test's sake
 
     class Slow:
         name = "gcs"
 
         def job(self, job_id: bytes, timeout: float) -> Reply:
             started.set()
-            time.sleep(7.0)  # past the flusher's join (5 s)
+            time.sleep(3 * JOIN_S)  # past the flusher's join
             return gcs.job(job_id, timeout)
 
         def task(self, task_id: bytes, timeout: float) -> Reply:
@@ -373,6 +374,7 @@ def test_a_read_outlasting_the_flushers_join_does_not_deadlock_the_close(
             pass
 
     monkeypatch.setattr(ray_events, "_sources", lambda: [Slow()])
+    monkeypatch.setattr(flusher, "JOIN_TIMEOUT_S", JOIN_S)
     monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "0.5")
     path = tmp_path / "slow.perfetto-trace"
     done: list[Any] = []
@@ -390,7 +392,7 @@ def test_a_read_outlasting_the_flushers_join_does_not_deadlock_the_close(
     model = load(path)
     assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 8
     assert _counts(model)[L.ARG_RAY_EVENTS_MISSING] == 8
-    time.sleep(8.0)  # the late read ends: nothing breaks, nothing is written after the close
+    time.sleep(4 * JOIN_S)  # the late read ends: nothing breaks, nothing is written after the close
     assert load(path).slices == model.slices
     gcs.close()
 

@@ -18,6 +18,9 @@ __all__ = ["Flusher"]
 
 FLUSH_INTERVAL_S = 1.0
 MIN_FLUSH_GAP_S = 0.02
+#: How long a stop with ``join`` waits for a flush under way (a read of Ray's events
+#: can outlast it: the close then goes on without it, see tracer.ray.finishing).
+JOIN_TIMEOUT_S = 5.0
 
 
 class Flusher:
@@ -41,7 +44,7 @@ class Flusher:
                 self._flush()
 
     def stop(self, join: bool = False) -> None:
-        """No more flushes; ``join``: wait (up to 5 s) for one under way to end."""
+        """No more flushes; ``join``: wait (up to :data:`JOIN_TIMEOUT_S`) for one under way."""
         self._stop.set()
         if join and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=JOIN_TIMEOUT_S)
