@@ -27,11 +27,13 @@ timeline. ``TRACER_RAY_EVENTS=0`` turns the channel off.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from tracer.ray.ray_events import RayEventSource
 from tracer.ray.timeline import RayTaskEvents, RunTimeline
@@ -71,6 +73,9 @@ _READ_SHARE = 0.75
 #: Ray's events of at most about this many tasks are drawn in one hold of the tracer's
 #: lock (~10 ms; the dispatch loop waits for it meanwhile).
 _DRAW_CHUNK = 256
+#: A read of at least this many tasks' events is followed by a trim of freed memory
+#: (see _release_freed_memory).
+_TRIM_AFTER = 2000
 #: At the close, one-task queries of at most this many workers' last executions
 #: say when Ray has everything (see RayPhases.probes).
 _PROBES = 16
@@ -167,7 +172,12 @@ class RayEventsChannel:
             return False
         # Past the flushes (the close, once the probes came) Ray should have them all.
         facts = self._source.read(wanted, _READ_TIMEOUT_S, complete=not at_flush)
-        return self._draw(facts, final)
+        many = len(facts) >= _TRIM_AFTER
+        done = self._draw(facts, final)
+        if many:
+            del facts
+            _release_freed_memory()
+        return done
 
     def _draw(self, facts: list[RayTaskEvents], final: bool) -> bool:
         """Draw ``facts`` a chunk at a time under the tracer's lock; True when none is wanted.
@@ -222,6 +232,35 @@ class RayEventsChannel:
             if got:
                 self._reading.release()
             self._source.close()
+
+
+def _release_freed_memory() -> bool:
+    """Give the memory a big read freed back to the system (glibc's ``malloc_trim``).
+
+    A read of thousands of tasks' events allocates and frees tens of MB in
+    the reading thread; glibc keeps what was freed, in that thread's arena,
+    for the process's life: a 20k-task run's driver held ~50 MB more after
+    its run (the peak was also lower, the next read reusing less of it).
+    Trimming costs ~5-30 ms of this thread's CPU, so it follows only reads
+    of :data:`_TRIM_AFTER` tasks or more. False where there is no glibc.
+    """
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim  # releases the GIL meanwhile
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM is False:
+        return False
+    try:
+        _MALLOC_TRIM(0)
+    except Exception:
+        return False
+    return True
+
+
+#: glibc's malloc_trim once looked up (False: none here).
+_MALLOC_TRIM: Any = None
 
 
 def _chunks(facts: list[RayTaskEvents], size: int) -> Iterator[list[RayTaskEvents]]:

@@ -43,6 +43,7 @@ from operator import itemgetter
 from typing import Any, Protocol
 
 from tracer.ray import layout as L
+from tracer.ray.ray_events_wire import RawTaskEvents, parse_entries, split_reply
 from tracer.ray.task_metrics import RAY_EVENT_NAME, unpack_rss
 from tracer.ray.timeline import RayTaskEvents
 
@@ -177,12 +178,26 @@ def _request(job_id: bytes | None, task_id: bytes | None, limit: int | None = No
     return gs.GetTaskEventsRequest(filters=filters)
 
 
-def _reply(reply: Any) -> Reply:
+def _reply(reply: Any, events: list[Any] | None = None) -> Reply:
     if reply.status.code != 0:
         raise RuntimeError(f"task events query rejected: {reply.status.message}")
     dropped = int(reply.num_profile_task_events_dropped) + int(reply.num_status_task_events_dropped)
-    events = list(reply.events_by_task)
+    if events is None:
+        events = list(reply.events_by_task)
     return Reply(events, dropped, int(reply.num_total_stored), int(reply.num_truncated))
+
+
+def _reply_of(data: bytes) -> Reply:
+    """A reply's bytes as a :class:`Reply` whose task entries are parsed only when wanted
+    (:mod:`tracer.ray.ray_events_wire`); bytes it cannot split are parsed whole."""
+    try:
+        header, entries = split_reply(data)
+    except ValueError as exc:
+        logger.debug("tracer: Ray's task events reply parsed whole: %s", exc)
+        from ray.core.generated import gcs_service_pb2 as gs
+
+        return _reply(gs.GetTaskEventsReply.FromString(data))
+    return _reply(header, entries)
 
 
 class GcsQuery:
@@ -193,7 +208,7 @@ class GcsQuery:
     def __init__(self, gcs_address: str) -> None:
         from ray._private import ray_constants
         from ray._private.grpc_utils import init_grpc_channel
-        from ray.core.generated import gcs_service_pb2_grpc
+        from ray.core.generated import gcs_service_pb2 as gs
 
         # gRPC's default cap on a reply is 4 MiB, about 4,700 tasks of a job: a bigger job's
         # read failed and fell back to reading every job's events. Ray's state API lifts it
@@ -205,13 +220,21 @@ class GcsQuery:
             ("grpc.max_send_message_length", limit),
         ]
         self._channel = init_grpc_channel(gcs_address, options, asynchronous=False)
-        self._stub = gcs_service_pb2_grpc.TaskInfoGcsServiceStub(self._channel)
+        # The stub's method with the reply left as bytes (see _reply_of).
+        method = gs.DESCRIPTOR.services_by_name["TaskInfoGcsService"].methods_by_name[
+            "GetTaskEvents"
+        ]
+        self._get = self._channel.unary_unary(
+            f"/{method.containing_service.full_name}/{method.name}",
+            request_serializer=gs.GetTaskEventsRequest.SerializeToString,
+            response_deserializer=None,
+        )
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
-        return _reply(self._stub.GetTaskEvents(_request(job_id, None), timeout=timeout))
+        return _reply_of(self._get(_request(job_id, None), timeout=timeout))
 
     def task(self, task_id: bytes, timeout: float) -> Reply:
-        return _reply(self._stub.GetTaskEvents(_request(None, task_id), timeout=timeout))
+        return _reply_of(self._get(_request(None, task_id), timeout=timeout))
 
     def recent(self, limit: int, timeout: float) -> Reply:
         """The ``limit`` task attempts (of any job) that finished last, newest first.
@@ -230,7 +253,7 @@ class GcsQuery:
         for how much it reads, and reads the job when a recent read leaves
         out tasks it needs.
         """
-        return _reply(self._stub.GetTaskEvents(_request(None, None, limit), timeout=timeout))
+        return _reply_of(self._get(_request(None, None, limit), timeout=timeout))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -252,7 +275,6 @@ class HeadQuery:
         from ray._private.authentication.http_token_authentication import (
             get_auth_headers_if_auth_enabled,
         )
-        from ray.core.generated import gcs_service_pb2 as gs
 
         headers = {"Content-Type": "application/octet-stream"}
         headers.update(get_auth_headers_if_auth_enabled(headers))
@@ -262,7 +284,7 @@ class HeadQuery:
         )
         if not 200 <= response.status_code < 300:
             raise RuntimeError(f"dashboard head answered HTTP {response.status_code}")
-        return _reply(gs.GetTaskEventsReply.FromString(response.content))
+        return _reply_of(response.content)
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
         return self._post(_request(job_id, None), timeout)
@@ -519,12 +541,13 @@ class RayEventSource:
         self._recent_s = time.perf_counter() - t0
         self.dropped = max(self.dropped, reply.dropped)
         self.held = reply.stored or len(reply.events)
-        facts: list[RayTaskEvents] = []
+        picked: list[tuple[Any, str]] = []
         depth: dict[str, int] = {}
         for i, (task_id, ev) in enumerate(zip(ids, reply.events, strict=True)):
             if task_id in wanted:
                 depth[task_id] = i
-                facts.append(_fact(ev, task_id))
+                picked.append((ev, task_id))
+        facts = _facts(picked)
         found = len(depth)
         self.stored += sum(1 for task_id in depth if task_id not in self._depth)  # new ones
         # Those found before and not now (past the limit) are deeper by what finished since.
@@ -561,14 +584,42 @@ class RayEventSource:
 
 
 def to_facts(events: Iterable[Any], wanted: set[str] | None = None) -> list[RayTaskEvents]:
-    """Ray's ``TaskEvents`` protos as facts (only those of ``wanted`` task ids, if given)."""
-    facts: list[RayTaskEvents] = []
+    """Ray's ``TaskEvents`` (protos, or entries of a reply not parsed yet) as facts;
+    only those of ``wanted`` task ids, if given."""
+    picked: list[tuple[Any, str]] = []
     for ev in events:
         task_id = ev.task_id.hex()
-        if wanted is not None and task_id not in wanted:
-            continue
-        facts.append(_fact(ev, task_id))
-    return facts
+        if wanted is None or task_id in wanted:
+            picked.append((ev, task_id))
+    return _facts(picked)
+
+
+def _facts(picked: list[tuple[Any, str]]) -> list[RayTaskEvents]:
+    """Facts of these events (with their hex task ids): entries not parsed yet are parsed
+    here, a batch at a time, each dropped once it is a fact."""
+    parsed = parse_entries([ev for ev, _ in picked if type(ev) is RawTaskEvents])
+    return [
+        _fact(next(parsed) if type(ev) is RawTaskEvents else ev, task_id)
+        for ev, task_id in picked
+    ]
+
+
+#: What many tasks' facts have alike (node ids by their bytes, names, resources): one
+#: object each instead of one per task, in facts held by the thousand until drawn.
+_HEX: dict[bytes, str] = {}
+_SHARED: dict[Any, Any] = {}
+#: Either table is emptied past this many entries (a run of unique names, say).
+_SHARED_MAX = 4096
+
+
+def _shared(table: dict[Any, Any], key: Any, value: Any) -> Any:
+    """``table``'s object for ``key``, ``value`` the first time."""
+    found = table.get(key)
+    if found is None:
+        if len(table) >= _SHARED_MAX:
+            table.clear()
+        table[key] = found = value
+    return found
 
 
 def _fact(ev: Any, task_id: str) -> RayTaskEvents:
@@ -602,9 +653,10 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
             span = (p.start_time, p.end_time)
             name = name or event_name[len("task::"):]
     phases.sort(key=_second)
-    node_id = updates.node_id.hex() if updates.node_id else ""
-    if not node_id and has_info and info.node_id:
-        node_id = info.node_id.hex()
+    raw_node = updates.node_id or (info.node_id if has_info else b"")
+    node_id = _HEX.get(raw_node)
+    if node_id is None:
+        node_id = _shared(_HEX, raw_node, raw_node.hex())
     error_type = error = ""
     if updates.HasField("error_info"):
         error_type = _error_type(updates.error_info.error_type)
@@ -615,10 +667,11 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
     if has_info:
         required = info.required_resources
         resources = tuple(sorted([(k, required[k]) for k in required]))
+        resources = _shared(_SHARED, resources, resources)
     return RayTaskEvents(
         ray_task_id=task_id,
         attempt=ev.attempt_number,
-        name=name,
+        name=_shared(_SHARED, name, name),
         node_id=node_id,
         worker_pid=updates.worker_pid,
         states=tuple(states),

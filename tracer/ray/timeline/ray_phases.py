@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["RayPhases", "RayTaskEvents"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RayTaskEvents:
     """What Ray recorded of one task attempt (plain facts; timestamps in ns, the trace clock).
 
