@@ -14,10 +14,11 @@ thread samples every ``--interval`` seconds:
 * at level 1, the tracer's per-task structures: tasks in flight
   (``tracer._tasks``), received tasks waiting for their batch
   (``_received``), measurements pending (the return channel's), lanes (free
-  ones and all task lanes created), per-stage lists (flow ids, memory
-  requests and peaks: the per-task index kept until a stage's slice is
-  written), and the writer's tables (interned names and strings, encoded
-  argument cache, cached event bodies, buffered bytes).
+  ones and all task lanes created), per-stage lists (memory requests and
+  peaks: the per-task index kept until a stage's slice is written),
+  executions whose Ray events are still wanted, and the writer's tables
+  (interned names and strings, encoded argument cache, cached event bodies,
+  buffered bytes).
 
 It prints the samples, the RSS growth per task over the second half of the
 run (the first half includes Ray's own warm-up) at each level, and the peak
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +61,41 @@ def noop(x: int) -> int:
 
 def tracer_sizes(tracer: Any) -> dict[str, int]:
     """Sizes of the tracer's structures that could grow with the run (read from another
-    thread: len() is atomic; a dict changing size while summed is retried next sample)."""
+    thread: len() is atomic; a dict changing size while summed is retried next sample).
+    These are private attributes: one that was renamed reads -1 rather than stopping
+    the sampling (which stopped once at a rename, leaving the RSS growth unmeasured)."""
     writer = tracer.writer
     timeline = tracer._timeline
     stages = list(timeline.stages.by_id.values())
-    lanes = sum(1 for track in list(writer._tracks) if getattr(track, "name", None) == "tasks")
-    return {
-        "created": sum(s.tasks for s in stages),
-        "in_flight": len(tracer._tasks),
-        "received": len(tracer._received),
-        "pending_metrics": len(tracer._returns.pending),
-        "free_lanes": len(timeline._free_lanes),
-        "lanes": lanes,
-        "stage_index": sum(len(s.flows) + len(s.requests) + len(s.peaks) for s in stages),
-        "failures_seen": len(tracer._failures._seen),
-        "writer_tracks": len(writer._tracks),
-        "interned": len(writer._names) + len(writer._arg_names) + len(writer._string_values),
-        "arg_cache": len(writer._arg_cache),
-        "body_cache": sum(writer._cache_sizes.values()),
-        "buffer_bytes": len(writer._buf),
+    probes: dict[str, Callable[[], int]] = {
+        "created": lambda: sum(s.tasks for s in stages),
+        "in_flight": lambda: len(tracer._tasks),
+        "received": lambda: len(tracer._received),
+        "pending_metrics": lambda: len(tracer._returns.pending),
+        "free_lanes": lambda: len(timeline._free_lanes),
+        "lanes": lambda: sum(
+            1 for track in list(writer._tracks) if getattr(track, "name", None) == "tasks"
+        ),
+        "stage_index": lambda: sum(len(s.requests) + len(s.peaks) for s in stages),
+        "ray_events_wanted": lambda: timeline._ray.missing + len(timeline._awaited),
+        "failures_seen": lambda: len(tracer._failures._seen),
+        "writer_tracks": lambda: len(writer._tracks),
+        "interned": lambda: (
+            len(writer._names) + len(writer._arg_names) + len(writer._string_values)
+        ),
+        "arg_cache": lambda: len(writer._arg_cache),
+        "body_cache": lambda: sum(writer._cache_sizes.values()),
+        "buffer_bytes": lambda: len(writer._buf),
     }
+    sizes = {}
+    for name, probe in probes.items():
+        try:
+            sizes[name] = probe()
+        except RuntimeError:
+            raise  # a dict that changed size meanwhile: this sample is skipped
+        except Exception:
+            sizes[name] = -1
+    return sizes
 
 
 def child(level: int, tasks: int, stages: int, interval: float, trace: Path) -> None:
