@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -
         # Ray's execute phase runs the traced call, which measured the execution inside it.
         assert execute.ts <= e.ts and e.end_ts is not None and e.end_ts <= execute.end_ts
     assert _counts(run)[L.ARG_RAY_EVENTS_MISSING] == 0
+    assert _counts(run)[L.ARG_RAY_EVENTS_SOURCE] == "gcs"
 
 
 def test_rays_states_split_each_dispatched_slice(run: TraceModel) -> None:
@@ -420,6 +422,33 @@ class _Fake:
 
     def close(self) -> None:
         pass
+
+
+def test_the_query_read_last_is_named_on_the_trace(tmp_path: Path) -> None:
+    """``ray_events_source`` says which query served (one that raised was replaced), or
+    ``none`` when no read succeeded."""
+    from tracer.format import TraceWriter, read_trace
+    from tracer.ray.events_channel import RayEventsChannel
+    from tracer.ray.timeline import RunTimeline
+
+    class Broken(_Fake):
+        name = "broken"
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            raise ConnectionError("GCS gone")
+
+    for queries, expected in (([], "none"), ([Broken(0), _Fake(0)], "fake")):
+        path = tmp_path / f"{expected}.perfetto-trace"
+        with TraceWriter(path) as w:
+            timeline = RunTimeline(w, execution_id="src", loop_pid=7, loop_tid=7)
+            source = RayEventSource("01000000", queries)
+            channel = RayEventsChannel(timeline, threading.RLock(), source)
+            source.read(["aa" * 24])
+            ts = w.now()
+            timeline.end_run(ts)
+            timeline.ray_events_read(ts, channel.source_name)  # as the runner's close does
+        (read,) = [i for i in read_trace(path).instants if i.name == L.INSTANT_RAY_EVENTS]
+        assert read.args[L.ARG_RAY_EVENTS_SOURCE] == expected
 
 
 def test_a_read_of_the_job_waits_until_it_is_mostly_of_tasks_wanted(

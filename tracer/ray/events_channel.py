@@ -148,6 +148,11 @@ class RayEventsChannel:
         source = RayEventSource.for_current_job()
         return None if source is None else cls(timeline, lock, source)
 
+    @property
+    def source_name(self) -> str:
+        """Where Ray's events were read last (``layout.ARG_RAY_EVENTS_SOURCE``)."""
+        return self._source.read_from or "none"
+
     def poll(self) -> None:
         """At a flush (not under the tracer's lock): read and draw what is due."""
         if time.monotonic() < self._next or not self._reading.acquire(blocking=False):

@@ -195,6 +195,11 @@ ARG_REASON = "reason"
 #: for the run's job (``RAY_task_events_max_num_task_in_gcs`` and others).
 ARG_RAY_EVENTS_MISSING = "ray_events_missing"
 ARG_RAY_EVENTS_DROPPED = "ray_events_dropped"
+#: On the same instant: where they were read last: ``gcs`` (the GCS's task events),
+#: ``dashboard`` (the dashboard head, where Ray sends them with
+#: ``RAY_enable_task_events_to_dashboard_head``), ``all`` (every event Ray holds, as
+#: ``ray.timeline()`` reads them: the fallback), ``none`` (no read succeeded).
+ARG_RAY_EVENTS_SOURCE = "ray_events_source"
 #: On the same instant: executions that were to be drawn from Ray's events (level 1
 #: without a return channel) and were not, their events never having come.
 ARG_EXECUTIONS_MISSING = "executions_missing"

@@ -359,6 +359,8 @@ class RayEventSource:
         )
         #: Seconds the last read took (the channel spaces reads by it).
         self.last_cost_s = 0.0
+        #: The name of the query the last read succeeded with ("": none yet).
+        self.read_from = ""
         #: Events Ray says it dropped (the most any reply said).
         self.dropped = 0
         #: Task attempts of the job Ray holds: as the last job query said, plus the new
@@ -447,6 +449,7 @@ class RayEventSource:
                 self._queries.pop(0).close()
                 continue
             self.last_cost_s = time.perf_counter() - t0
+            self.read_from = query.name
             _MEASURED[self.job_id] = (
                 self._one_task_s, self._job_s, self._recent_s, self.stored, self.held
             )

@@ -151,7 +151,9 @@ class LifecycleCalls:
                     logger.debug("tracer: reading Ray's task events failed: %s", exc)
             try:
                 with self._lock:
-                    self._timeline.ray_events_read(end_ts)
+                    self._timeline.ray_events_read(
+                        end_ts, channel.source_name if channel is not None else None
+                    )
             except Exception as exc:  # tracing never breaks the job
                 logger.warning("tracer: ending the trace %s failed: %s", self.trace_path, exc)
             finally:

@@ -580,9 +580,10 @@ class RunTimeline:
         end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
         self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
 
-    def ray_events_read(self, ts: int | None) -> None:
-        """The producer of Ray's events is done: how many executions lack them, and how
-        many events Ray says it dropped, on an instant at ``ts`` (the run's end).
+    def ray_events_read(self, ts: int | None, source: str | None = None) -> None:
+        """The producer of Ray's events is done: how many executions lack them, how
+        many events Ray says it dropped, and where they were read (``source``), on an
+        instant at ``ts`` (the run's end).
 
         Not on the run's slice: Ray's last events come after the run's end, and
         the run's slice ends when the run does (a producer reads them after).
@@ -591,10 +592,14 @@ class RunTimeline:
         self._awaited.give_up()
         self.finish()
         if self._ray.enabled:
-            args = {L.ARG_RAY_EVENTS_MISSING: self._ray.missing + self._awaited.missing,
-                    L.ARG_RAY_EVENTS_DROPPED: self._ray.dropped_by_ray}
+            args: dict[str, int | str] = {
+                L.ARG_RAY_EVENTS_MISSING: self._ray.missing + self._awaited.missing,
+                L.ARG_RAY_EVENTS_DROPPED: self._ray.dropped_by_ray,
+            }
             if self._awaited.missing:
                 args[L.ARG_EXECUTIONS_MISSING] = self._awaited.missing
+            if source is not None:
+                args[L.ARG_RAY_EVENTS_SOURCE] = source
             self.writer.instant(
                 self.loop, L.INSTANT_RAY_EVENTS, ts, category=L.CAT_SCHEDULER, args=args
             )
