@@ -29,6 +29,7 @@ def timeline(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> dict[
     from ray._private import profiling
 
     from tracer.ray.ray_events import GcsQuery
+    from tracer.ray.ray_events_wire import parse_entries
 
     @ray.remote
     def square(x: int) -> int:
@@ -59,7 +60,7 @@ def timeline(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> dict[
     gcs = GcsQuery(ray.get_runtime_context().gcs_address)
     job = bytes.fromhex(ray.get_runtime_context().get_job_id())
     tasks = []
-    for ev in gcs.job(job, 10).events:
+    for ev in parse_entries(gcs.job(job, 10).events):  # (the GCS's reply, not parsed yet)
         if not ev.profile_events.events:
             continue
         p = ev.profile_events

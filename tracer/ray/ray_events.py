@@ -109,7 +109,10 @@ class Reply:
     def __init__(
         self, events: list[Any], dropped: int, stored: int = 0, truncated: int = 0
     ) -> None:
-        self.events = events  # Ray's TaskEvents protos
+        #: Ray's TaskEvents protos, or entries of a reply not parsed yet
+        #: (:class:`~tracer.ray.ray_events_wire.RawTaskEvents`: ``task_id`` and
+        #: ``attempt_number`` alike; :func:`to_facts` parses what it keeps).
+        self.events = events
         self.dropped = dropped  # profile + status events Ray dropped (for the job, or in all)
         #: Task attempts Ray holds for the query (a job query: the job's), sent or not.
         self.stored = stored
