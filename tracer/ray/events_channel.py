@@ -246,8 +246,11 @@ def _release_freed_memory() -> bool:
     the reading thread; glibc keeps what was freed, in that thread's arena,
     for the process's life: a 20k-task run's driver held ~50 MB more after
     its run (the peak was also lower, the next read reusing less of it).
-    Trimming costs ~5-30 ms of this thread's CPU, so it follows only reads
-    of :data:`_TRIM_AFTER` tasks or more. False where there is no glibc.
+    Trimming costs ~5-30 ms of this thread's CPU, with the GIL released but
+    each malloc arena locked while it is trimmed (a dispatch loop allocating
+    meanwhile waits that long at most, as it does for a chunk's drawing), so
+    it follows only reads of :data:`_TRIM_AFTER` tasks or more: a few a run.
+    False where there is no glibc.
     """
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
