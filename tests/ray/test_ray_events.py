@@ -424,18 +424,25 @@ class _Fake:
         pass
 
 
-def test_the_query_read_last_is_named_on_the_trace(tmp_path: Path) -> None:
+def test_the_query_read_last_is_named_on_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``ray_events_source`` says which query served (one that raised was replaced), or
     ``none`` when no read succeeded."""
     from tracer.format import TraceWriter, read_trace
+    from tracer.ray import ray_events
     from tracer.ray.events_channel import RayEventsChannel
     from tracer.ray.timeline import RunTimeline
+
+    monkeypatch.setattr(ray_events, "_MEASURED", {})  # (costs other tests measured)
 
     class Broken(_Fake):
         name = "broken"
 
         def job(self, job_id: bytes, timeout: float) -> Reply:
             raise ConnectionError("GCS gone")
+
+        task = job
 
     for queries, expected in (([], "none"), ([Broken(0), _Fake(0)], "fake")):
         path = tmp_path / f"{expected}.perfetto-trace"
