@@ -74,6 +74,7 @@ def test_summary_as_plain_text(trace: Path) -> None:
     for phase in ("plan polling", "batching", "dispatching", "awaiting", "gaps in waves"):
         assert phase in out
     assert "level 1" in out and "engine reader" in out
+    assert "Ray's events read from gcs: none missing" in out  # the header's second line
     stages = out.split("Stages\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert stages[0].split()[:3] == ["id", "stage", "tasks"]
     assert set(stages[1]) <= {"-", " "}

@@ -216,7 +216,11 @@ def test_synthetic_memory(synthetic: Path) -> None:
 
 def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
     q = TraceQuery(synthetic, READER)
-    assert q.run_info() == {"execution_id": "syn", "runner": "synthetic", "tracing_level": 1}
+    assert q.run_info() == {
+        "execution_id": "syn", "runner": "synthetic", "tracing_level": 1,
+        # the synthetic trace reads no Ray events: it says nothing of them
+        "ray_events_source": None, "ray_events_missing": None, "ray_events_dropped": None,
+    }
     assert q.engine == "reader"
     (warning,) = q.warnings()
     assert "2 unterminated slice" in warning

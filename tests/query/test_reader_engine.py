@@ -22,6 +22,7 @@ from tracer.query import (
     records,
     to_frame,
 )
+from tracer.query.collect import RAY_EVENTS_INFO, RUN_INFO
 from tracer.ray import layout as L
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +58,7 @@ def assert_same_answers(path: Path) -> TraceQuery:
         got = q.worker_utilisation(7) if name == "worker_utilisation" else getattr(q, name)()
         assert_frame_equal(got, from_whole_model(path, name), check_exact=True, obj=name)
     assert q.run_info() == {
-        k: from_model.run_info(read_trace(path)).get(k)
-        for k in ("execution_id", "runner", "tracing_level")
+        k: from_model.run_info(read_trace(path)).get(k) for k in (*RUN_INFO, *RAY_EVENTS_INFO)
     }
     return q
 

@@ -328,6 +328,12 @@ def test_events_that_never_come_are_counted_and_the_close_waits_its_budget(
     assert _counts(model)[L.ARG_RAY_EVENTS_MISSING] == 4
     assert len([s for s in model.slices if s.category == L.CAT_EXECUTION]) == 4
     assert seconds < 30  # generous: the point is that it ends, not how fast
+    # ... and `tracer summary` says so under its header.
+    out = subprocess.run(
+        [sys.executable, "-m", "tracer", "summary", str(tmp_path / "run.perfetto-trace"),
+         "--engine", "reader"], capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert out.splitlines()[1] == "Ray's events read from gcs: 4 executions without them"
 
 
 def test_events_ray_dropped_are_counted(tmp_path: Path) -> None:

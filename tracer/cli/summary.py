@@ -208,7 +208,17 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
     if info.get("tracing_level") is not None:
         bits.append(f"level {info['tracing_level']}")
     bits.append(f"engine {engine}")
-    return style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
+    header = style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
+    source = info.get("ray_events_source")
+    if source is None and info.get("ray_events_missing") is None:
+        return header  # Ray's events were not read (level 0, TRACER_RAY_EVENTS=0)
+    missing = info.get("ray_events_missing") or 0
+    line = f"Ray's events read from {source}: " if source else "Ray's events: "
+    line += f"{fmt_count(missing, style)} executions without them" if missing else "none missing"
+    dropped = info.get("ray_events_dropped") or 0
+    if dropped:
+        line += f" ({fmt_count(dropped, style)} events dropped by Ray's caps)"
+    return header + "\n" + (style.dim(line) if not missing else line)
 
 
 def _workers(util: pd.DataFrame, style: Style) -> str:

@@ -15,7 +15,7 @@ import pandas as pd
 from tracer.errors import TraceReadError
 from tracer.format import TraceModel, TraceScan, read_trace
 from tracer.query import analyses
-from tracer.query.collect import TraceRows, scan_rows
+from tracer.query.collect import RAY_EVENTS_INFO, RUN_INFO, TraceRows, scan_rows
 from tracer.query.columns import records, to_frame
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import (
@@ -27,6 +27,7 @@ from tracer.query.processor import (
 )
 from tracer.query.sql import TABLES, sql_text, worker_utilisation_sql
 from tracer.query.suggest import DEFAULT_HEADROOM, memory_suggestions
+from tracer.ray import layout as L
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
 
@@ -212,24 +213,34 @@ class TraceQuery:
         return to_frame(compute(), name)
 
     def run_info(self) -> dict[str, Any]:
-        """The traced run: ``execution_id``, ``runner``, ``tracing_level`` (None if unknown).
+        """The traced run: ``execution_id``, ``runner``, ``tracing_level``, and what the
+        trace says of Ray's events: ``ray_events_source`` (where they were read:
+        ``gcs``, ``dashboard``, ``all`` or ``none``), ``ray_events_missing``
+        (executions without them), ``ray_events_dropped`` (events Ray says it
+        dropped). Each None when the trace does not say.
 
-        Read from the dispatch loop's ``execution`` slice (the first one, if
-        the trace holds several).
+        Read from the dispatch loop's ``execution`` slice and its ``Ray's
+        events read`` instant (the first ones, if the trace holds several).
         """
         if self.engine == "trace_processor":
-            frame = self.query(
-                "SELECT EXTRACT_ARG(arg_set_id, 'debug.execution_id') AS execution_id, "
-                "EXTRACT_ARG(arg_set_id, 'debug.runner') AS runner, "
-                "EXTRACT_ARG(arg_set_id, 'debug.tracing_level') AS tracing_level "
-                "FROM slice WHERE category = 'scheduler' AND name = 'execution' AND depth = 0 "
-                "ORDER BY ts LIMIT 1"
-            )
-            rows = records(frame)
-            info = rows[0] if rows else {}
+            info: dict[str, Any] = {}
+            for keys, where in (
+                (RUN_INFO, "name = 'execution' AND depth = 0"),
+                (RAY_EVENTS_INFO, "name = '{}'".format(L.INSTANT_RAY_EVENTS.replace("'", "''"))),
+            ):
+                columns = ", ".join(
+                    f"EXTRACT_ARG(arg_set_id, 'debug.{k}') AS {k}" for k in keys
+                )
+                rows = records(self.query(
+                    f"SELECT {columns} FROM slice WHERE category = 'scheduler' AND {where} "
+                    "ORDER BY ts, id LIMIT 1"
+                ))
+                if rows:
+                    info.update(rows[0])
         else:
-            info = self._reader_rows().run_info
-        return {k: info.get(k) for k in ("execution_id", "runner", "tracing_level")}
+            rows_ = self._reader_rows()
+            info = {**rows_.run_info, **rows_.ray_events_info}
+        return {k: info.get(k) for k in (*RUN_INFO, *RAY_EVENTS_INFO)}
 
     def warnings(self) -> list[str]:
         """What may make the answers incomplete: truncation, unterminated slices, problems."""

@@ -45,7 +45,13 @@ from tracer.format import (
 )
 from tracer.ray import layout as L
 
-__all__ = ["PHASES", "TraceRows", "rows_from_model", "scan_rows"]
+__all__ = ["PHASES", "RAY_EVENTS_INFO", "RUN_INFO", "TraceRows", "rows_from_model", "scan_rows"]
+
+#: ``run_info``'s keys: from the dispatch loop's first ``execution`` slice ...
+RUN_INFO = ("execution_id", "runner", "tracing_level")
+#: ... and from its ``Ray's events read`` instant (None without one: Ray's events were
+#: not read); the trace's args of these names.
+RAY_EVENTS_INFO = (L.ARG_RAY_EVENTS_SOURCE, L.ARG_RAY_EVENTS_MISSING, L.ARG_RAY_EVENTS_DROPPED)
 
 #: The dispatch loop's phases, in display order.
 PHASES = (
@@ -114,6 +120,9 @@ class TraceRows(TraceVisitor):
         self.end: int | None = None
         self.run_info: dict[str, Any] = {}
         self._run_info_key: tuple[int, int] | None = None
+        #: The first 'Ray's events read' instant's args (RAY_EVENTS_INFO), if any.
+        self.ray_events_info: dict[str, Any] = {}
+        self._ray_events_key: tuple[int, int] | None = None
         # The dispatch loop (see dispatch_loop.sql): per phase (count, total, nested in it).
         self.phase_count: dict[str, int] = dict.fromkeys(PHASES, 0)
         self.phase_total: dict[str, int] = dict.fromkeys(PHASES, 0)
@@ -171,9 +180,7 @@ class TraceRows(TraceVisitor):
                 key = (ts, s.id)
                 if self._run_info_key is None or key < self._run_info_key:
                     self._run_info_key = key
-                    self.run_info = {
-                        k: arg(s.args, k) for k in ("execution_id", "runner", "tracing_level")
-                    }
+                    self.run_info = {k: arg(s.args, k) for k in RUN_INFO}
             if dur is None:
                 self._open_loop.append(s)
             else:
@@ -203,6 +210,11 @@ class TraceRows(TraceVisitor):
             self.ray_spans.append((s.id, arg(s.args, L.ARG_TASK_ID), s.ts, s.ts + dur, None))
 
     def instant(self, i: ScannedInstant) -> None:
+        if i.name == L.INSTANT_RAY_EVENTS and i.category == L.CAT_SCHEDULER:
+            key = (i.ts, i.id)
+            if self._ray_events_key is None or key < self._ray_events_key:
+                self._ray_events_key = key
+                self.ray_events_info = {k: arg(i.args, k) for k in RAY_EVENTS_INFO}
         ts = i.ts
         if self.start is None:
             self.start = self.end = ts

@@ -53,8 +53,10 @@ def task_latency_rows(model: TraceModel) -> list[Row]:
 
 
 def run_info(model: TraceModel) -> Row:
-    """``execution_id``, ``runner`` and ``tracing_level`` from the loop's first execution slice."""
-    return _rows(model).run_info
+    """``execution_id``, ``runner`` and ``tracing_level`` from the loop's first execution
+    slice, and its ``Ray's events read`` instant's args (see ``TraceQuery.run_info``)."""
+    rows = _rows(model)
+    return {**rows.run_info, **rows.ray_events_info}
 
 
 def task_latency(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
