@@ -17,16 +17,17 @@ every call is a no-op.
 
 from typing import TYPE_CHECKING, Any
 
-from tracer.ray.finishing import wait_for_traces
+# What a traced task's worker runs: light modules, loaded with the package.
 from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
-from tracer.ray.null_tracer import NullRunnerTracer
-from tracer.ray.output import default_trace_dir, default_trace_path
 from tracer.ray.resources import ResourceRequest
-from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
-from tracer.ray.session import new_execution_id, ray_tracer
 from tracer.ray.task_metrics import TaskContext, collect_ray_task_metrics
 
 if TYPE_CHECKING:
+    from tracer.ray.finishing import wait_for_traces
+    from tracer.ray.null_tracer import NullRunnerTracer
+    from tracer.ray.output import default_trace_dir, default_trace_path
+    from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
+    from tracer.ray.session import new_execution_id, ray_tracer
     from tracer.ray.wrappers import (
         MaterializedPlanWrapper,
         RayFunctionWrapper,
@@ -34,22 +35,42 @@ if TYPE_CHECKING:
         RayRunnableFunctionWrapper,
     )
 
-# The wrappers import ray (a ~0.2 s import); load them on first use, so that
-# tools that only read traces (the CLI, tracer.query) start quickly.
+# The rest is loaded on first use, by the module that holds it. Every Ray worker that
+# runs a traced task imports this package (its task's code lives in
+# tracer.ray.task_metrics): loading the writer, the readers and protobuf with it took
+# ~90 ms of each worker's CPU, and delayed its first task as long (at level 1, 2000
+# no-op tasks on 2 workers: ~90 us a task, the most level 1 cost the workers).
+# Tools that only read traces (the CLI, tracer.query) need none of Ray's either.
 _LAZY = {
-    "MaterializedPlanWrapper",
-    "RayFunctionWrapper",
-    "RayModuleWrapper",
-    "RayRunnableFunctionWrapper",
+    "wait_for_traces": "tracer.ray.finishing",
+    "NullRunnerTracer": "tracer.ray.null_tracer",
+    "default_trace_dir": "tracer.ray.output",
+    "default_trace_path": "tracer.ray.output",
+    "AnyRunnerTracer": "tracer.ray.runner_tracer",
+    "RunnerTracer": "tracer.ray.runner_tracer",
+    "new_execution_id": "tracer.ray.session",
+    "ray_tracer": "tracer.ray.session",
+    "MaterializedPlanWrapper": "tracer.ray.wrappers",
+    "RayFunctionWrapper": "tracer.ray.wrappers",
+    "RayModuleWrapper": "tracer.ray.wrappers",
+    "RayRunnableFunctionWrapper": "tracer.ray.wrappers",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from tracer.ray import wrappers
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracer.ray' has no attribute {name!r}")
+    import importlib
 
-        return getattr(wrappers, name)
-    raise AttributeError(f"module 'tracer.ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ENV_VAR",

@@ -1,0 +1,93 @@
+"""What a traced task makes its Ray worker import: the task's measurement, not the tracer.
+
+Every worker process that runs a traced task imports the code that measures it
+(``tracer.ray.task_metrics``, or ``tracer.integrations.ray_data.worker`` for Ray
+Data's map tasks) on its first one. When that pulled in the packages' driver side
+(the trace writer and readers, the run timeline, protobuf's generated module) it
+cost each worker ~90 ms of CPU and delayed its first task as long: at level 1 on
+2000 no-op tasks and 2 workers, ~90 µs a task, most of what level 1 cost the
+workers. These tests run in fresh workers (a runtime environment of their own) and
+fail if the driver's modules come back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
+
+#: The driver's side: none of these is needed to measure a task.
+DRIVER_SIDE = (
+    "tracer.format",
+    "tracer._proto",
+    "tracer.ray.runner_tracer",
+    "tracer.ray.timeline",
+    "tracer.ray.ray_events",
+    "tracer.ray.session",
+    "tracer.ray.wrappers",
+    "tracer.integrations.ray_data.callback",
+    "tracer.integrations.ray_data.execution",
+)
+
+
+def _driver_side(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.startswith(DRIVER_SIDE)]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_traced_task_loads_only_what_measures_it(tmp_path: Path) -> None:
+    # A runtime environment no other test uses: Ray starts a worker for it alone.
+    fresh = {"env_vars": {"TRACER_TEST_FRESH_WORKER": uuid.uuid4().hex}}
+
+    # Defined here, so that Ray sends it by value: the worker does not import this
+    # test module (which imports the driver's side).
+    def loaded_tracer_modules() -> list[str]:
+        """Which of tracer's modules this worker has loaded."""
+        import sys
+
+        return sorted(m for m in sys.modules if m == "tracer" or m.startswith("tracer."))
+
+    body = ray.remote(runtime_env=fresh)(loaded_tracer_modules)
+    path = tmp_path / "imports.perfetto-trace"
+    with ray_tracer("imports", level=1, path=path) as tracer:
+        tracer.task_created("t", 0, ResourceRequest(num_cpus=1), "imports")
+        modules = ray.get(RayFunctionWrapper.wrap(body).with_tracing(tracer, "t").remote())
+        tracer.tasks_received_as_ready(["t"])
+        tracer.stage_done(0)
+    assert "tracer.ray.task_metrics" in modules  # it ran measured
+    assert _driver_side(modules) == [], modules
+
+
+def test_ray_datas_worker_side_loads_only_what_measures_it() -> None:
+    """What a Ray Data map task's worker imports to be measured (in a process that has
+    imported Ray Data, as such a worker has)."""
+    code = (
+        "import sys, ray.data\n"
+        "import tracer.integrations.ray_data.worker\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('tracer')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    modules = proc.stdout.split()
+    assert "tracer.ray.task_metrics" in modules
+    assert _driver_side(modules) == [], modules
+
+
+def test_the_public_names_are_all_there() -> None:
+    """Loaded on first use, every name the packages export still resolves."""
+    import tracer.integrations.ray_data as ray_data
+    import tracer.ray
+
+    for package in (tracer.ray, ray_data):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, (package.__name__, name)
+        assert set(package.__all__) <= set(dir(package))
+        with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+            package.nothing_here  # noqa: B018
