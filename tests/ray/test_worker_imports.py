@@ -12,6 +12,7 @@ fail if the driver's modules come back.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -91,3 +92,33 @@ def test_the_public_names_are_all_there() -> None:
         assert set(package.__all__) <= set(dir(package))
         with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
             package.nothing_here  # noqa: B018
+
+
+def test_a_run_with_tracing_off_loads_none_of_the_tracer() -> None:
+    """Tracing off costs nothing: a run at level 0 (tracer's own runner, whose task code
+    its workers import) loads neither the writer nor the tracer, in the driver (~25 ms
+    of its start-up, ~100 where nothing is compiled to .pyc) or in the workers."""
+    code = (
+        "import sys, ray\n"
+        "from tracer.runner import Pipeline, Stage\n"
+        "ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False)\n"
+        "def loaded(_):\n"
+        "    import sys\n"
+        "    return sorted(m for m in sys.modules if m.startswith('tracer'))\n"
+        "(workers,) = Pipeline([0], [Stage('loaded', loaded)]).run(tracing_level=0)\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('tracer')))\n"
+        "print(' '.join(workers))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRACER_ENABLE_RAY_TRACING"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    driver, workers = proc.stdout.splitlines()[-2:]
+    assert "tracer.runner" in driver.split()
+    heavy = ("tracer.format", "tracer._proto", "tracer.ray.runner_tracer", "tracer.ray.timeline",
+             "tracer.ray.ray_events", "tracer.ray.output")
+    assert [m for m in driver.split() if m.startswith(heavy)] == [], driver
+    assert "tracer.runner.pipeline" in workers.split()  # the runner's own task code
+    assert [m for m in workers.split() if m.startswith(heavy)] == [], workers

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
 
-from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
 from tracer.ray.task_metrics import TaskContext, run_reported_to_ray, run_traced
+
+if TYPE_CHECKING:
+    from tracer.ray.runner_tracer import AnyRunnerTracer, RunnerTracer
 
 T = TypeVar("T")
 
@@ -172,6 +174,19 @@ class RayRunnableFunctionWrapper:
         return _with_options(self.f, self.options_).remote(*args, **kwargs)
 
 
+#: :class:`RunnerTracer`, once a traced call needs it (the module is the driver's whole
+#: tracer: a run at level 0 never loads it).
+_RUNNER_TRACER: type[RunnerTracer] | None = None
+
+
+def _runner_tracer_class() -> type[RunnerTracer]:
+    global _RUNNER_TRACER
+    from tracer.ray.runner_tracer import RunnerTracer
+
+    _RUNNER_TRACER = RunnerTracer
+    return RunnerTracer
+
+
 def _dispatch(tracer: AnyRunnerTracer, task_id: str) -> TaskContext | None:
     """Record a traced call's dispatch; the context its task runs with, or None if untraced.
 
@@ -179,8 +194,9 @@ def _dispatch(tracer: AnyRunnerTracer, task_id: str) -> TaskContext | None:
     object for every task: a context per task cost ~1 µs to make); a subclass
     that overrides ``task_dispatched`` is called as such.
     """
-    if isinstance(tracer, RunnerTracer) and (
-        type(tracer).task_dispatched is RunnerTracer.task_dispatched
+    runner_tracer = _RUNNER_TRACER or _runner_tracer_class()
+    if isinstance(tracer, runner_tracer) and (
+        type(tracer).task_dispatched is runner_tracer.task_dispatched
     ):
         return tracer.task_template if tracer._dispatched(task_id) is not None else None
     return tracer.task_dispatched(task_id)

@@ -18,13 +18,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import ray
 
 from tracer.errors import add_note
 from tracer.ray import (
-    AnyRunnerTracer,
     RayFunctionWrapper,
     ResourceRequest,
     TracingLevel,
@@ -32,6 +31,9 @@ from tracer.ray import (
     ray_tracer,
 )
 from tracer.runner.progress import Progress
+
+if TYPE_CHECKING:
+    from tracer.ray import AnyRunnerTracer
 
 
 @dataclasses.dataclass(frozen=True)
