@@ -4,10 +4,10 @@ Every worker process that runs a traced task imports the code that measures it
 (``tracer.ray.task_metrics``, or ``tracer.integrations.ray_data.worker`` for Ray
 Data's map tasks) on its first one. When that pulled in the packages' driver side
 (the trace writer and readers, the run timeline, protobuf's generated module) it
-cost each worker ~90 ms of CPU and delayed its first task as long: at level 1 on
-2000 no-op tasks and 2 workers, ~90 µs a task, most of what level 1 cost the
-workers. These tests run in fresh workers (a runtime environment of their own) and
-fail if the driver's modules come back.
+cost each worker ~25 ms of CPU (~90 ms where nothing is compiled to .pyc) and
+delayed its first task as long. These tests run in fresh workers (a runtime
+environment of their own, or a Ray of their own) and fail if the driver's modules
+come back.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 
 # The rest is loaded on first use, by the module that holds it. Every Ray worker that
 # runs a traced task imports this package (its task's code lives in
-# tracer.ray.task_metrics): loading the writer, the readers and protobuf with it took
-# ~90 ms of each worker's CPU, and delayed its first task as long (at level 1, 2000
-# no-op tasks on 2 workers: ~90 us a task, the most level 1 cost the workers).
+# tracer.ray.task_metrics), as does every worker of tracer's own runner at any level:
+# loading the writer, the readers and protobuf with it took ~25 ms of each worker's
+# CPU (~90 ms where nothing is compiled to .pyc) and delayed its first task as long.
 # Tools that only read traces (the CLI, tracer.query) need none of Ray's either.
 _LAZY = {
     "wait_for_traces": "tracer.ray.finishing",
