@@ -48,19 +48,19 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.errors import InvalidTracingLevelError, TracerError
 from tracer.ray import (
-    AnyRunnerTracer,
     MaterializedPlanWrapper,
     RayFunctionWrapper,
-    RunnerTracer,
     TracingLevel,
-    default_trace_dir,
     resolve_level,
 )
 from tracer.ray import ray_tracer as _tracer_ray_tracer
+
+if TYPE_CHECKING:
+    from tracer.ray import AnyRunnerTracer, RunnerTracer
 
 __all__ = [
     "RUNNER_NAME",
@@ -81,6 +81,15 @@ __all__ = [
 logger = logging.getLogger("tracer")
 
 #: The runner's name in the trace (``Scheduler (daft)``) and in its file name.
+def __getattr__(name: str) -> Any:
+    # RunnerTracer, Daft's name for the tracer, loaded on first use (see with_tracing).
+    if name == "RunnerTracer":
+        from tracer.ray import RunnerTracer
+
+        return RunnerTracer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 RUNNER_NAME = "daft"
 
 #: The module this one stands in for, and the runner module that imports it.
@@ -104,6 +113,8 @@ def get_log_location() -> Path:
     The running session's own folder, which ``session_latest`` points to only
     for the latest session on the machine.
     """
+    from tracer.ray import default_trace_dir
+
     return default_trace_dir().parent
 
 
@@ -113,6 +124,8 @@ def get_daft_trace_location(log_location: Path) -> Path:
     Daft's runner also writes its explain-analyze output here
     (``$DAFT_DEV_ENABLE_EXPLAIN_ANALYZE``).
     """
+    from tracer.ray import default_trace_dir
+
     return Path(log_location) / default_trace_dir().name
 
 
@@ -164,6 +177,10 @@ class _RayFunctionWrapper:
         Any other tracer (tracing off, or Daft's own, in an execution that
         started before :func:`install`) gets the call Daft's wrapper made.
         """
+        # Looked up here: Daft's workers import this module (its task functions are
+        # wrapped by it), and RunnerTracer is the driver's whole tracer.
+        from tracer.ray import RunnerTracer
+
         if isinstance(runner_tracer, RunnerTracer):
             return RayFunctionWrapper(self.f, self.options_).with_tracing(
                 runner_tracer, task.id()
