@@ -387,9 +387,9 @@ def test_tracing_off_runs_as_daft_runs_without_tracer(
 @pytest.mark.usefixtures("ray_local")
 def test_daft_workers_load_only_what_measures_a_task() -> None:
     """Daft's workers import this module (its task functions are wrapped by it): not the
-    driver's tracer with it (the writer, readers, timeline and protobuf: ~25 ms of
-    each worker's CPU, ~90 where nothing is compiled to .pyc). A driver of its own on
-    the tests' Ray: a job of its own, whose workers are fresh."""
+    driver's tracer with it (the writer, readers, timeline and protobuf: ~25 ms of each
+    worker's CPU, ~90 where nothing is compiled to .pyc); nor does the driver at level 0.
+    A driver of its own on the tests' Ray: a job of its own, whose workers are fresh."""
     code = """
 import ray, daft
 ray.init()
@@ -403,9 +403,16 @@ def loaded(x):
     names = " ".join(sorted(m for m in sys.modules if m.startswith("tracer")))
     return [names] * len(x.to_pylist())
 
-with daft.execution_config_ctx(use_legacy_ray_runner=True, enable_ray_tracing=True):
+def query():
     df = daft.from_pydict({"x": [1, 2]}).into_partitions(2)
-    print("WORKER", df.with_column("m", loaded(daft.col("x"))).to_pydict()["m"][0])
+    return df.with_column("m", loaded(daft.col("x"))).to_pydict()["m"][0]
+
+import sys
+with daft.execution_config_ctx(use_legacy_ray_runner=True, enable_ray_tracing=False):
+    query()  # tracing off: the driver loads nothing of the tracer's either
+print("DRIVER0", " ".join(sorted(m for m in sys.modules if m.startswith("tracer"))))
+with daft.execution_config_ctx(use_legacy_ray_runner=True, enable_ray_tracing=True):
+    print("WORKER", query())
 """
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
@@ -413,12 +420,14 @@ with daft.execution_config_ctx(use_legacy_ray_runner=True, enable_ray_tracing=Tr
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("WORKER ")]
-    modules = line.split()[1:]
-    assert "tracer.integrations.daft" in modules and "tracer.ray.task_metrics" in modules
+    lines = {x.split()[0]: x.split()[1:] for x in done.stdout.splitlines() if x.split()}
     heavy = ("tracer.format", "tracer._proto", "tracer.ray.runner_tracer", "tracer.ray.timeline",
              "tracer.ray.ray_events", "tracer.ray.output")
-    assert [m for m in modules if m.startswith(heavy)] == [], modules
+    driver_off, worker = lines["DRIVER0"], lines["WORKER"]
+    assert "tracer.integrations.daft" in driver_off
+    assert [m for m in driver_off if m.startswith(heavy)] == [], driver_off
+    assert "tracer.integrations.daft" in worker and "tracer.ray.task_metrics" in worker
+    assert [m for m in worker if m.startswith(heavy)] == [], worker
 
 
 # ------------------------------------------------------------ installing

@@ -177,14 +177,16 @@ class _RayFunctionWrapper:
         Any other tracer (tracing off, or Daft's own, in an execution that
         started before :func:`install`) gets the call Daft's wrapper made.
         """
-        # Looked up here: Daft's workers import this module (its task functions are
-        # wrapped by it), and RunnerTracer is the driver's whole tracer.
-        from tracer.ray import RunnerTracer
+        # Looked up here, once tracing is on: Daft's workers import this module (its
+        # task functions are wrapped by it), and RunnerTracer is the driver's whole
+        # tracer, which a run at level 0 (a NullRunnerTracer) does not load.
+        if getattr(runner_tracer, "enabled", False):
+            from tracer.ray import RunnerTracer
 
-        if isinstance(runner_tracer, RunnerTracer):
-            return RayFunctionWrapper(self.f, self.options_).with_tracing(
-                runner_tracer, task.id()
-            )
+            if isinstance(runner_tracer, RunnerTracer):
+                return RayFunctionWrapper(self.f, self.options_).with_tracing(
+                    runner_tracer, task.id()
+                )
         return _RayRunnableFunctionWrapper(self.f, self.options_, runner_tracer, task)
 
     def options(self, *args: Any, **kwargs: Any) -> _RayFunctionWrapper:
