@@ -37,6 +37,17 @@ DRIVER_SIDE = (
 )
 
 
+#: What a run at level 0 loads nowhere: the writer, readers, protobuf and the tracer.
+HEAVY = (
+    "tracer.format",
+    "tracer._proto",
+    "tracer.ray.runner_tracer",
+    "tracer.ray.timeline",
+    "tracer.ray.ray_events",
+    "tracer.ray.output",
+)
+
+
 def _driver_side(modules: list[str]) -> list[str]:
     return [m for m in modules if m.startswith(DRIVER_SIDE)]
 
@@ -121,8 +132,6 @@ def test_a_run_with_tracing_off_loads_none_of_the_tracer() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     driver, workers = proc.stdout.splitlines()[-2:]
     assert "tracer.runner" in driver.split()
-    heavy = ("tracer.format", "tracer._proto", "tracer.ray.runner_tracer", "tracer.ray.timeline",
-             "tracer.ray.ray_events", "tracer.ray.output")
-    assert [m for m in driver.split() if m.startswith(heavy)] == [], driver
+    assert [m for m in driver.split() if m.startswith(HEAVY)] == [], driver
     assert "tracer.runner.pipeline" in workers.split()  # the runner's own task code
-    assert [m for m in workers.split() if m.startswith(heavy)] == [], workers
+    assert [m for m in workers.split() if m.startswith(HEAVY)] == [], workers

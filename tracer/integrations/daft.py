@@ -80,7 +80,8 @@ __all__ = [
 
 logger = logging.getLogger("tracer")
 
-#: The runner's name in the trace (``Scheduler (daft)``) and in its file name.
+
+
 def __getattr__(name: str) -> Any:
     # RunnerTracer, Daft's name for the tracer, loaded on first use (see with_tracing).
     if name == "RunnerTracer":
@@ -90,6 +91,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: The runner's name in the trace (``Scheduler (daft)``) and in its file name.
 RUNNER_NAME = "daft"
 
 #: The module this one stands in for, and the runner module that imports it.

@@ -15,7 +15,7 @@ Every dataset execution then writes one trace in the runner's layout
 nodes and workers with each map task measured where it ran, memory), named
 ``ray-data.<dataset>.<timestamp>.perfetto-trace`` in the Ray session's
 ``logs/tracer`` folder (logged at INFO on the ``tracer`` logger;
-:func:`trace_paths` lists them). Importing this module imports Ray Data.
+:func:`trace_paths` lists them). Its names import Ray Data on first use.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -31,17 +31,14 @@ if TYPE_CHECKING:
         trace_paths,
     )
 
-# Loaded on first use: every worker that runs a traced map task imports this package
-# (its code is in .worker), and what the driver needs (the callback, the run timeline,
-# the trace writer) took ~65 ms of each such worker's CPU to import.
-_CALLBACK_NAMES = frozenset(
-    {"CONFIG_KEY", "Settings", "TracingCallback", "disable", "enable", "settings",
-     "trace_paths"}
-)
+# Every public name is the callback module's, loaded on first use: every worker that
+# runs a traced map task imports this package (its code is in .worker), and what the
+# driver needs (the callback, the run timeline, the trace writer) took ~65 ms of each
+# such worker's CPU to import.
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _CALLBACK_NAMES:
+    if name not in __all__:
         raise AttributeError(f"module 'tracer.integrations.ray_data' has no attribute {name!r}")
     from tracer.integrations.ray_data import callback
 
@@ -51,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _CALLBACK_NAMES)
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
