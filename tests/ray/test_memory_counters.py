@@ -11,7 +11,7 @@ from tracer.errors import UnknownTrackError
 from tracer.format import TraceWriter, read_trace
 from tracer.format.writer import CounterTrack
 from tracer.ray import layout as L
-from tracer.ray.memory import downsample
+from tracer.ray.memory import downsample, peak_time, put_figures
 from tracer.ray.timeline.memory import MemoryTrace, kib
 
 T0 = 1_700_000_000_000_000_000
@@ -215,3 +215,49 @@ def test_execution_memory_args_and_flag(tmp_path: Path) -> None:
     assert L.ARG_HEAP_PEAK not in args
     w.close()
 
+
+
+def test_a_peak_no_snapshot_shows_gets_a_sample(tmp_path: Path) -> None:
+    """memray snapshots every 10 ms: a task whose peak lasts less (or a task shorter
+    than 10 ms) has no snapshot of it. The worker's heap counter still reaches it,
+    where the worker says it fell, kept inside the execution."""
+    path = tmp_path / "p.pftrace"
+    w = _writer(path)
+    node = w.process_track(3, "Node 0")
+    worker = w.thread_track(3, 4, "worker 4")
+    mem = MemoryTrace(w, 2)
+    held = [(T0 // MS + 10, 2 * MIB, 100 * MIB), (T0 // MS + 20, 2 * MIB, 101 * MIB)]
+    mem.execution(  # between two snapshots
+        {"heap_peak": 24 * MIB, "memory_samples": held, "heap_peak_at_ns": T0 + 15 * MS},
+        None, node, worker, T0, T0 + 30 * MS,
+    )
+    mem.execution(  # no snapshot at all; its time is kept inside the execution
+        {"heap_peak": 8 * MIB, "heap_peak_at_ns": T0 + 99 * MS}, None, node, worker,
+        T0 + 40 * MS, T0 + 42 * MS,
+    )
+    mem.execution({"heap_peak": 3 * MIB}, None, node, worker, T0 + 50 * MS, T0 + 52 * MS)
+    mem.settle(None)
+    w.close()
+    decoded = decode_counters(path)
+    by_name = {decoded.names[u]: u for u in decoded.samples}
+    assert decoded.samples[by_name[L.COUNTER_WORKER_HEAP]] == [
+        (T0, 0), (T0 + 10 * MS, 2 * MIB), (T0 + 15 * MS, 24 * MIB), (T0 + 20 * MS, 2 * MIB),
+        (T0 + 30 * MS, 0), (T0 + 42 * MS, 8 * MIB), (T0 + 42 * MS, 0),
+    ]  # (the third has no time for its peak: none is made up; the node's counter has it)
+
+
+def test_the_peak_time_is_the_middle_of_its_gap() -> None:
+    snaps = [(100, MIB, 0), (110, MIB, 0), (120, MIB, 0)]
+    start, end = 95 * MS, 125 * MS
+    assert peak_time(snaps, 0, start, end) == (95 * MS + 100 * MS) // 2
+    assert peak_time(snaps, 2, start, end) == 115 * MS
+    assert peak_time(snaps, 3, start, end) == (120 * MS + 125 * MS) // 2
+    assert peak_time(snaps, None, start, end) == 110 * MS  # unknown: the task's middle
+    assert peak_time([], 0, start, end) == 110 * MS
+    assert peak_time(snaps, 0, None, end) is None
+    m: dict = {"start_ns": start, "end_ns": end}
+    put_figures(m, 24 * MIB, 2, 0, snaps, peak_after=1)
+    assert m["heap_peak_at_ns"] == 105 * MS
+    shown: dict = {"start_ns": start, "end_ns": end}
+    put_figures(shown, MIB, 2, 0, snaps, peak_after=1)  # a snapshot shows it
+    assert "heap_peak_at_ns" not in shown

@@ -233,6 +233,23 @@ def test_worker_heap_and_rss_counters(rt: RunnerTrace, counters: DecodedCounters
     assert INFLATION * SIZE - 2048 <= highest <= inflate_peak + 2048
 
 
+def test_every_task_s_heap_peak_is_on_its_worker_s_counter(
+    rt: RunnerTrace, counters: DecodedCounters
+) -> None:
+    """Most of these tasks take less than memray's 10 ms between snapshots, so no
+    snapshot shows their peak: the counter still reaches it, inside the execution."""
+    heap_of = {
+        counters.parents[uuid]: samples for uuid, samples in counters.samples.items()
+        if counters.names[uuid] == L.COUNTER_WORKER_HEAP
+    }
+    for worker in (w for threads in rt.workers.values() for w in threads):
+        for e in (s for s in rt.on(worker) if s.category == L.CAT_EXECUTION):
+            end = e.ts + (e.dur or 0)
+            inside = [v for ts, v in heap_of[worker.uuid] if _unit(e.ts) <= ts <= end]
+            # (KiB rounding: the counter's values are whole KiB.)
+            assert max(inside, default=0) >= e.args[L.ARG_HEAP_PEAK] - 512, (e.name, e.args)
+
+
 def test_node_counters(rt: RunnerTrace, counters: DecodedCounters) -> None:
     (node,) = rt.nodes
     mine = {counters.names[u]: u for u, p in counters.parents.items() if p == node.uuid}

@@ -181,6 +181,38 @@ def test_a_window_between_markers_is_the_task_alone(capture: dict[str, Any]) -> 
     del kept, after
 
 
+def test_the_reader_tells_between_which_snapshots_the_peak_fell(
+    capture: dict[str, Any],
+) -> None:
+    """A peak held for less than memray's 10 ms is in no snapshot; the reader says
+    how many snapshots came before it, so that the trace can place it."""
+    fd = capture["start"]()
+    reader = R.Reader(fd)
+    start = R.marker_alloc(12_345)
+    assert reader.advance(start, 12_345) is True
+    reader.open_window()
+    held = bytearray(MIB)
+    time.sleep(0.06)  # snapshots before the spike
+    before_ms = time.time() * 1000
+    spike = bytearray(24 * MIB)  # allocated and freed between two snapshots (µs apart)
+    del spike
+    after_ms = time.time() * 1000
+    time.sleep(0.06)  # and after it
+    end = R.marker_alloc(12_345)
+    assert reader.advance(end, 12_345) is True
+    peak, *_, samples = reader.close_window()
+    after = reader.peak_after
+    R.marker_free(start)
+    R.marker_free(end)
+    capture["stop"]()
+    assert 25 * MIB <= peak < 25 * MIB + SLACK, peak
+    assert 0 < after < len(samples), (after, samples)
+    # memray's snapshot times are whole ms, taken by its own thread: 2 ms of slack.
+    assert all(ms <= after_ms + 2 for ms, _, _ in samples[:after]), (after_ms, samples)
+    assert all(ms >= before_ms - 2 for ms, _, _ in samples[after:]), (before_ms, samples)
+    del held
+
+
 def test_reading_while_the_task_runs_adds_nothing_to_it(capture: dict[str, Any]) -> None:
     """The reader's own memory (its table of the task's live allocations, grown to
     100,000 entries here) is invisible to memray: reading a task's records halfway

@@ -23,6 +23,7 @@ from tracer.ray.task_metrics import TaskContext, measure_task
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 MIB = 1 << 20
+MS = 1_000_000
 #: Ray's own threads allocate during a task too (as in test_memory_ray).
 SLACK = MIB
 
@@ -177,6 +178,44 @@ def _task_with_method(per_task: bool) -> dict[str, Any]:
         os.environ.pop(memory_session.PER_TASK_ENV, None)
     metrics["_kept"] = len(kept)
     return metrics
+
+
+def _spike(per_task: bool) -> dict[str, Any]:
+    """24 MiB allocated and freed within microseconds: between two of memray's snapshots."""
+    if per_task:
+        os.environ[memory_session.PER_TASK_ENV] = "1"
+    try:
+        with measure_task(TaskContext("exec", "t", 0, 2)) as metrics:
+            time.sleep(0.05)
+            metrics["_spike_ns"] = time.time_ns()
+            spike = bytearray(24 * MIB)
+            del spike
+            time.sleep(0.05)
+    finally:
+        os.environ.pop(memory_session.PER_TASK_ENV, None)
+    return metrics
+
+
+@pytest.mark.parametrize("per_task", [False, True], ids=["session", "per-task"])
+def test_a_peak_between_snapshots_is_placed_in_its_gap(worker: Any, per_task: bool) -> None:
+    """The worker's heap counter gets a sample of it there (timeline/memory.py)."""
+    for _ in range(3):
+        m = _in(worker, _spike, per_task)
+        assert "memray" not in m, m
+        assert 24 * MIB <= m["heap_peak"] <= 24 * MIB + SLACK
+        at, spike = m.get("heap_peak_at_ns"), m["_spike_ns"]
+        samples = m["memory_samples"]
+        if max(heap for _, heap, _ in samples) >= m["heap_peak"]:
+            assert at is None  # a snapshot caught it (µs of 100 ms): the counter has it
+            continue
+        assert at is not None and m["start_ns"] <= at <= m["end_ns"]
+        if per_task:  # memray's reader does not say when: the task's middle
+            assert at == (m["start_ns"] + m["end_ns"]) // 2
+        else:  # no snapshot between the spike and its placement (whole ms: 1 ms slack)
+            lo, hi = sorted((at, spike))
+            between = [t for t, _, _ in samples if lo + MS < t * MS < hi - MS]
+            assert not between, (at, spike, samples)
+            assert abs(at - spike) < 100 * MS
 
 
 def test_a_forked_child_leaves_the_parent_measured(worker: Any) -> None:

@@ -319,6 +319,7 @@ typedef struct {
     uint64_t peak;          /* ... its peak (>=: the last time it is reached) */
     uint64_t live_count;    /* allocations live now (map entries + ranges) */
     uint64_t count_at_peak; /* ... at the peak */
+    size_t peak_after;      /* samples taken before the peak was (last) reached */
     uint64_t live_ranged;   /* bytes in ranges */
     uint64_t live_simple;   /* bytes in the map */
     uint64_t total_allocated, allocation_count;
@@ -666,6 +667,7 @@ update_peak(Reader *r)
     if (r->current >= r->peak) {
         r->peak = r->current;
         r->count_at_peak = r->live_count;
+        r->peak_after = r->n_samples;
     }
 }
 
@@ -800,6 +802,7 @@ reset_window(Reader *r)
     }
     r->n_ranges = 0;
     r->n_samples = 0;
+    r->peak_after = 0;
     r->current = r->peak = r->live_count = r->count_at_peak = 0;
     r->live_ranged = r->live_simple = 0;
     r->total_allocated = r->allocation_count = 0;
@@ -1131,6 +1134,12 @@ static PyMethodDef Reader_methods[] = {
     {NULL},
 };
 
+static PyObject *
+Reader_get_peak_after(Reader *r, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(r->peak_after);
+}
+
 static PyGetSetDef Reader_getset[] = {
     {"offset", (getter)Reader_get_offset, NULL, "bytes of the capture read", NULL},
     {"native_traces", (getter)Reader_get_native_traces, NULL, "the capture has native frames",
@@ -1138,6 +1147,10 @@ static PyGetSetDef Reader_getset[] = {
     {"start_time_ms", (getter)Reader_get_start_time_ms, NULL, "the capture's start (epoch ms)",
      NULL},
     {"pid", (getter)Reader_get_pid, NULL, "the process the capture is of", NULL},
+    {"peak_after", (getter)Reader_get_peak_after, NULL,
+     "how many of the last window's samples were taken before its peak was (last) reached: "
+     "the peak fell between those two samples (memray's 10 ms snapshots miss a short one)",
+     NULL},
     {NULL},
 };
 

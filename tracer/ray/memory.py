@@ -38,6 +38,15 @@ Both give the task's metrics dict the same figures:
     it replaces, so peaks survive).
 ``rss_peak``
     the largest RSS among the snapshots (merged with level 1's estimate).
+``heap_peak_at_ns``
+    when the heap peak was reached (epoch ns), only when no snapshot shows
+    it: a peak held for less than memray's 10 ms falls between two snapshots,
+    and the worker's heap counter would never reach what the task's
+    ``heap_peak`` says (a short task often has no snapshot at all). The
+    session's reader knows between which two snapshots the peak fell (or the
+    task's start or end), and this is the middle of that gap: at most ~5 ms
+    off. A tracker per task cannot tell (memray's reader gives no time for its
+    high-water mark), so there it is the middle of the task.
 
 ``total_allocated``, ``allocation_count``
     every allocation of the task, summed: only with
@@ -93,6 +102,7 @@ MEMRAY_UNAVAILABLE = "unavailable"
 MEMRAY_SHARED = "shared"
 
 Sample = tuple[int, int, int]  # (time_ms, heap_bytes, rss_bytes)
+_NS_PER_MS = 1_000_000
 
 _tracker_lock = threading.Lock()  # held while a task of this process is measured by memray
 _state_lock = threading.Lock()
@@ -228,9 +238,13 @@ def put_figures(
     retained: int,
     snapshots: Sequence[Sample],
     totals: tuple[int, int] | None = None,
+    peak_after: int | None = None,
 ) -> None:
-    """Put a task's memray figures into its metrics (both methods end here)."""
-    metrics["heap_peak"] = int(peak)
+    """Put a task's memray figures into its metrics (both methods end here).
+
+    ``peak_after``: how many snapshots came before the peak, when known.
+    """
+    metrics["heap_peak"] = peak = int(peak)
     metrics["allocations"] = int(at_peak)
     metrics["heap_retained"] = int(retained)
     if totals is not None:
@@ -239,6 +253,31 @@ def put_figures(
         metrics["memory_samples"] = downsample(snapshots, MAX_SAMPLES)
         rss_max = max(s[2] for s in snapshots)
         metrics["rss_peak"] = max(int(metrics.get("rss_peak") or 0), int(rss_max))
+    if peak > 0 and all(s[1] < peak for s in snapshots):
+        at = peak_time(snapshots, peak_after, metrics.get("start_ns"), metrics.get("end_ns"))
+        if at is not None:
+            metrics["heap_peak_at_ns"] = at
+
+
+def peak_time(
+    snapshots: Sequence[Sample], peak_after: int | None, start_ns: Any, end_ns: Any
+) -> int | None:
+    """The middle of the gap the peak fell in (epoch ns), or None without bounds.
+
+    The gap runs from the snapshot before the peak (else the task's start) to
+    the one after it (else the task's end); without ``peak_after``, it is the
+    whole task.
+    """
+    lo = start_ns if isinstance(start_ns, int) else None
+    hi = end_ns if isinstance(end_ns, int) else None
+    if peak_after is not None and 0 <= peak_after <= len(snapshots):
+        if peak_after > 0:
+            lo = int(snapshots[peak_after - 1][0]) * _NS_PER_MS
+        if peak_after < len(snapshots):
+            hi = int(snapshots[peak_after][0]) * _NS_PER_MS
+    if lo is None or hi is None:
+        return None
+    return (lo + hi) // 2
 
 
 def _remove(path: str) -> None:

@@ -191,10 +191,11 @@ class Session:
         finally:
             _memray_reader.marker_free(marker)
 
-    def end(self) -> Window:
+    def end(self) -> tuple[Window, int]:
         """Put the end marker in the stream and read the rest of the task's records.
 
-        Returns the reader's window figures (see ``Reader.close_window``).
+        Returns the reader's window figures (see ``Reader.close_window``) and
+        how many of its samples came before the peak (``Reader.peak_after``).
         Raises ``LookupError`` when a marker is not in the stream (the tracker
         stopped tracking: memray deactivates itself when it cannot write), and
         what the reader raises on a stream it does not understand.
@@ -216,7 +217,7 @@ class Session:
             if not found:
                 raise LookupError("the task's end marker is not in the memray capture")
             self._release()
-            return figures
+            return figures, self.reader.peak_after
         finally:
             _memray_reader.marker_free(end)
             _memray_reader.marker_free(start[0])
@@ -271,14 +272,14 @@ def end(session: Session, metrics: dict[str, Any], all_allocations: bool) -> Non
     with _lock:
         session.last_used = time.monotonic()
         try:
-            figures = session.end()
+            figures, peak_after = session.end()
         except Exception as exc:
             if _session is session:
                 _stop_locked(session)
             raise RuntimeError(f"memray capture not read: {type(exc).__name__}: {exc}") from exc
     peak, at_peak, retained, total, count, samples = figures
     totals = (total, count) if all_allocations else None
-    _memory.put_figures(metrics, peak, at_peak, retained, samples, totals)
+    _memory.put_figures(metrics, peak, at_peak, retained, samples, totals, peak_after)
 
 
 def stop() -> None:

@@ -10,7 +10,10 @@
   ``heap_peak``, ``allocations``, ``heap_retained``, ``rss_peak`` (and
   ``memray`` when memray did not measure the task alone);
 * queues samples for the worker's **heap** and **RSS** counters (under the
-  worker's track), written sorted by time at each :meth:`settle`;
+  worker's track), written sorted by time at each :meth:`settle`: memray's
+  snapshots, and the task's heap peak where no snapshot shows it (at the
+  ``heap_peak_at_ns`` the worker gives, see :mod:`tracer.ray.memory`), so that
+  the counter reaches every task's ``heap_peak``;
 * queues the step changes of the node's **memory requested** and **memory
   used (task peaks)** counters (under the node's track, on one y axis).
 
@@ -176,7 +179,7 @@ class MemoryTrace:
         pending = counters.pending
         heap0 = 0 if tracked and counters.with_heap else None
         first: tuple[int, int | None, int | None] = (start, heap0, _kib_or_none(m.get("rss_start")))
-        inside: list[tuple[int, int, int]] = []
+        inside: list[tuple[int, int, int | None]] = []
         samples = m.get("memory_samples") if tracked and counters.with_heap else None
         for t_ms, heap, rss in samples or ():
             ts = int(t_ms) * _NS_PER_MS
@@ -184,6 +187,15 @@ class MemoryTrace:
                 first = (start, kib(heap), kib(rss))
             elif ts < end:  # after the end (the tracker stopping) belongs to no task
                 inside.append((ts, kib(heap), kib(rss)))
+        at = m.get("heap_peak_at_ns") if heap0 is not None else None
+        if at is not None:
+            # A peak no snapshot shows (held for less than memray's 10 ms): a
+            # sample of it where it fell, so the counter reaches the task's heap_peak.
+            peak = _kib_or_none(m.get("heap_peak"))
+            at_ns = _int_or_none(at)
+            if peak is not None and at_ns is not None:
+                inside.append((min(max(at_ns, start), end), peak, None))
+                inside.sort(key=_first)
         order = self._order
         pending.append((first[0], order, first[1], first[2]))
         for ts, heap_kib, rss_kib in inside:
@@ -250,6 +262,10 @@ class MemoryTrace:
                     node.used += d_used
                 node.last_ts = ts
                 node.sequence.sample(ts, kib(node.used), kib(node.requested))
+
+
+def _first(sample: tuple[int, int, int | None]) -> int:
+    return sample[0]
 
 
 def _kib_or_none(nbytes: Any) -> int | None:
