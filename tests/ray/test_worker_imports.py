@@ -135,3 +135,27 @@ def test_a_run_with_tracing_off_loads_none_of_the_tracer() -> None:
     assert [m for m in driver.split() if m.startswith(HEAVY)] == [], driver
     assert "tracer.runner.pipeline" in workers.split()  # the runner's own task code
     assert [m for m in workers.split() if m.startswith(HEAVY)] == [], workers
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ray_data_with_the_callback_at_level_0_loads_none_of_the_tracer() -> None:
+    """Ray Data creates the callback named in ``RAY_DATA_EXECUTION_CALLBACKS`` whatever
+    the level: at level 0 it loads the level check, not the writer or the run timeline
+    (~65 ms of the driver's imports where nothing is compiled to .pyc)."""
+    code = (
+        "import sys, ray, ray.data\n"
+        "ray.init()\n"
+        "assert len(ray.data.range(8).map(lambda r: r).take_all()) == 8\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('tracer')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRACER_ENABLE_RAY_TRACING"}
+    env["RAY_DATA_EXECUTION_CALLBACKS"] = "tracer.integrations.ray_data.TracingCallback"
+    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    driver = proc.stdout.splitlines()[-1].split()
+    assert "tracer.integrations.ray_data.callback" in driver  # Ray Data made the callback
+    assert [m for m in driver if m.startswith(HEAVY)] == [], driver

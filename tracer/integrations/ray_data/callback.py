@@ -32,15 +32,20 @@ import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.errors import InvalidTracingLevelError
-from tracer.format import TraceWriter
 from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data.channel import channel
-from tracer.integrations.ray_data.execution import RUNNER_NAME, ExecutionTracer, new_token
 from tracer.ray.levels import TracingLevel, resolve_level
-from tracer.ray.output import default_trace_path, open_trace
+
+if TYPE_CHECKING:
+    from tracer.format import TraceWriter
+    from tracer.integrations.ray_data.execution import ExecutionTracer
+
+# The trace writer and the execution's tracer (the run timeline, the format layer:
+# ~65 ms of imports without .pyc files) are imported once an execution is traced:
+# Ray Data creates this callback (RAY_DATA_EXECUTION_CALLBACKS) whatever the level.
 
 try:  # a Ray Data without it (older than the integration supports) must still import this
     from ray.data._internal.execution.execution_callback import ExecutionCallback
@@ -186,8 +191,8 @@ class TracingCallback(ExecutionCallback):  # type: ignore[misc]
         owner = getattr(executor, _EXECUTOR_ATTR, None)
         if owner is None or owner[0] is not self:
             return None
-        tracer = owner[1]
-        return tracer if isinstance(tracer, ExecutionTracer) else None
+        tracer: ExecutionTracer | None = owner[1]  # (only _start_execution's are set)
+        return tracer
 
     def on_execution_step(self, executor: Any) -> None:
         tracer = self._tracer(executor)
@@ -221,6 +226,7 @@ def _on_operator_start(op: Any) -> None:
         lvl = settings(getattr(op, "data_context", None)).level
         if lvl == TracingLevel.OFF or compat.unsupported_reason() is not None:
             return
+        from tracer.integrations.ray_data.execution import new_token
         from tracer.integrations.ray_data.worker import MeasureSpec, trace_transformer
 
         token = new_token()
@@ -243,6 +249,9 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
     s = settings(compat.data_context(executor))
     if s.level == TracingLevel.OFF:
         return None
+    from tracer.integrations.ray_data.execution import RUNNER_NAME, ExecutionTracer
+    from tracer.ray.output import default_trace_path, open_trace
+
     dataset = compat.dataset_id(executor)
     path = default_trace_path(RUNNER_NAME, dataset)
     if s.folder is not None:
