@@ -18,7 +18,9 @@ stream:
   ``heap_peak``, ``allocations`` (live at the peak), ``heap_retained``,
   totals and 10 ms ``memory_samples`` are those a tracker started and stopped
   with the task would give (``tests/ray/test_memory_reader.py`` checks them
-  against memray's ``FileReader``);
+  against memray's ``FileReader``); it also tells between which two samples
+  the peak fell (``Reader.peak_after``), which memray's reader cannot: a
+  peak shorter than 10 ms is in no sample, and the trace places it there;
 * what was read is released (the file's pages are punched out), so the
   capture holds only what the tracker wrote since the last task ended.
 
