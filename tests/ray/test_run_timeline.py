@@ -385,6 +385,42 @@ def test_an_execution_that_ends_before_it_starts_lasts_nothing(tmp_path: Path) -
     assert executions["stepped"].track_uuid == executions["next"].track_uuid  # no lane
 
 
+def test_an_execution_started_before_its_launch_was_recorded_keeps_its_arrow(
+    tmp_path: Path,
+) -> None:
+    """Ray Data records a task's launch once Ray's submit has returned, and a warm worker
+    can start the task first (a node's clock behind the driver's does the same).
+    trace_processor draws no arrow that ends before it starts (flow_end_without_start):
+    the execution is drawn from the launch, and says how much earlier it started.
+    (tp_check checks, in trace_processor, that every task got its arrow.)"""
+    path = tmp_path / "early.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="early", runner_name="engine", loop_pid=5, loop_tid=5)
+        for name, launch_ms, start_ms, end_ms in (
+            ("early", 5, 3, 8), ("over before", 20, 17, 18), ("on time", 30, 31, 33),
+        ):
+            task = tl.task_created(TimelineTask, name, 0, ResourceRequest(), T0 + launch_ms * MS,
+                                   stage_name="map")
+            tl.task_dispatched(task, T0 + launch_ms * MS)
+            tl.execution({"start_ns": T0 + start_ms * MS, "end_ns": T0 + end_ms * MS,
+                          "node_id": "n" * 40, "pid": 9}, task)
+            tl.task_ended(task, T0 + (max(launch_ms, end_ms) + 1) * MS, None)
+        tl.stage_done(0)
+        tl.close()
+    model = read_trace(path, strict=True)
+    assert not model.problems, model.problems
+    executions = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+                  if s.category == L.CAT_EXECUTION}
+    early, over, on_time = executions["early"], executions["over before"], executions["on time"]
+    assert (early.ts, early.dur) == (T0 + 5 * MS, 3 * MS)
+    assert early.args[L.ARG_STARTED_BEFORE_LAUNCH] == 2 * MS
+    assert (over.ts, over.dur) == (T0 + 20 * MS, 0)
+    assert over.args[L.ARG_STARTED_BEFORE_LAUNCH] == 3 * MS
+    assert (on_time.ts, on_time.dur) == (T0 + 31 * MS, 2 * MS)
+    assert L.ARG_STARTED_BEFORE_LAUNCH not in on_time.args
+    assert len(model.flows) == 3
+
+
 def test_a_worker_keeps_a_bounded_history_of_executions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

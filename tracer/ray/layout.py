@@ -172,6 +172,12 @@ ARG_ATTEMPT = "attempt"
 #: the task: max_retries after a crashed worker, retry_exceptions); written
 #: only when > 0.
 ARG_RAY_ATTEMPT = "ray_attempt"
+#: On an execution slice whose worker started it before the driver recorded its
+#: task's launch (Ray Data records a launch once Ray's submit has returned; a
+#: node's clock behind the driver's): by how many ns. The slice is drawn from the
+#: launch, so that the stage's arrow can reach it (trace_processor draws no arrow
+#: that ends before it starts).
+ARG_STARTED_BEFORE_LAUNCH = "started_before_launch_ns"
 #: On a task slice (END) that Ray retried: how many attempts Ray made, as far
 #: as the driver knows (the last attempt's number + 1), and how many of those
 #: left no measurement (a crashed or killed worker, a lost node; an attempt

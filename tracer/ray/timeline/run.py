@@ -82,6 +82,7 @@ class TimelineTask:
 
     __slots__ = (
         "attempt",
+        "created_ts",
         "dispatch_ts",
         "end_ts",
         "flow",
@@ -101,6 +102,7 @@ class TimelineTask:
         self.lane = lane
         self.flow = flow  # the stage's arrow to the task's first execution; 0 once drawn
         self.request = request
+        self.created_ts = 0  # when it was launched: where the arrow starts
         self.dispatch_ts: int | None = None
         #: When its slices ended (:meth:`RunTimeline.task_ended`).
         self.end_ts: int | None = None
@@ -312,6 +314,7 @@ class RunTimeline:
         lane = free.pop()[0] if free and free[-1][1] < ts else self._new_lane()
         task = cls(task_id, stage_id, lane, flow, request)
         task.attempt = attempt
+        task.created_ts = ts
         args: dict[str, Any] = {
             L.ARG_TASK_ID: task_id,
             L.ARG_STAGE_ID: stage_id,
@@ -406,11 +409,17 @@ class RunTimeline:
         else:
             task_id, stage_id = str(m.get("task_id", "?")), m.get("stage_id")
         stage = self.stages.get(stage_id) if stage_id is not None else None
+        args: dict[str, Any] = {L.ARG_TASK_ID: task_id}
+        if task is not None and task.flow and start < task.created_ts:
+            # Its arrow starts at the launch: drawn from there (see the layout's doc).
+            args[L.ARG_STARTED_BEFORE_LAUNCH] = task.created_ts - start
+            start = task.created_ts
+            if end < start:
+                end = start
         nodes = self.nodes
         node = nodes.node(str(m.get("node_id") or "unknown"))
         worker = nodes.worker(node, int(m.get("pid") or 0) or 1)
         track = nodes.execution_track(worker, start, end)
-        args: dict[str, Any] = {L.ARG_TASK_ID: task_id}
         if m.get("ray_task_id"):
             args[L.ARG_RAY_TASK_ID] = m["ray_task_id"]
         if m.get("assigned_resources"):
