@@ -44,8 +44,9 @@ Both give the task's metrics dict the same figures:
     and the worker's heap counter would never reach what the task's
     ``heap_peak`` says (a short task often has no snapshot at all). The
     session's reader knows between which two snapshots the peak fell (or the
-    task's start or end), and this is the middle of that gap: at most ~5 ms
-    off. A tracker per task cannot tell (memray's reader gives no time for its
+    task's start or end), and this is the middle of that gap: off by at most
+    half the gap (~5 ms; more when memray's snapshot thread was kept waiting).
+    A tracker per task cannot tell (memray's reader gives no time for its
     high-water mark), so there it is the middle of the task.
 
 ``total_allocated``, ``allocation_count``
