@@ -216,7 +216,6 @@ def test_execution_memory_args_and_flag(tmp_path: Path) -> None:
     w.close()
 
 
-
 def test_a_peak_no_snapshot_shows_gets_a_sample(tmp_path: Path) -> None:
     """memray snapshots every 10 ms: a task whose peak lasts less (or a task shorter
     than 10 ms) has no snapshot of it. The worker's heap counter still reaches it,

@@ -81,7 +81,6 @@ __all__ = [
 logger = logging.getLogger("tracer")
 
 
-
 def __getattr__(name: str) -> Any:
     # RunnerTracer, Daft's name for the tracer, loaded on first use (see with_tracing).
     if name == "RunnerTracer":

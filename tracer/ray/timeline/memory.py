@@ -37,7 +37,9 @@ uuid in its packets.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+from operator import itemgetter
 from typing import Any
 
 from tracer.format import CounterSequence, TraceWriter, Track
@@ -48,6 +50,7 @@ from tracer.ray.timeline.nodes import NODE_COUNTER_RANK, WORKER_COUNTER_RANK
 __all__ = ["MemoryTrace", "kib"]
 
 _NS_PER_MS = 1_000_000
+_TIME = itemgetter(0)  # a sample's time
 #: Time unit of the memory counters' sequences: 0.1 ms. memray's snapshots are
 #: 10 ms apart with ms timestamps, so a snapshot's delta is one byte (under
 #: 12.8 ms) and a gap between tasks two (under 1.6 s).
@@ -139,7 +142,7 @@ class MemoryTrace:
             args[L.ARG_MEMRAY] = str(status)
             if m.get("memray_reason"):
                 args[L.ARG_MEMRAY_REASON] = str(m["memray_reason"])[:200]
-        self._queue_worker_samples(m, worker, start, end, heap_peak is not None)
+        self._queue_worker_samples(m, worker, start, end, heap_peak)
         if requested or peak:
             self._queue_node_steps(node, start, end, int(requested or 0), int(peak or 0))
         return args, peak, over
@@ -173,10 +176,11 @@ class MemoryTrace:
         return counters
 
     def _queue_worker_samples(
-        self, m: dict[str, Any], worker: Track, start: int, end: int, tracked: bool
+        self, m: dict[str, Any], worker: Track, start: int, end: int, heap_peak: int | None
     ) -> None:
         counters = self._worker_counters(worker)
         pending = counters.pending
+        tracked = heap_peak is not None  # memray measured the task
         heap0 = 0 if tracked and counters.with_heap else None
         first: tuple[int, int | None, int | None] = (start, heap0, _kib_or_none(m.get("rss_start")))
         inside: list[tuple[int, int, int | None]] = []
@@ -187,15 +191,11 @@ class MemoryTrace:
                 first = (start, kib(heap), kib(rss))
             elif ts < end:  # after the end (the tracker stopping) belongs to no task
                 inside.append((ts, kib(heap), kib(rss)))
-        at = m.get("heap_peak_at_ns") if heap0 is not None else None
-        if at is not None:
+        at = _int_or_none(m.get("heap_peak_at_ns")) if heap0 is not None else None
+        if at is not None and heap_peak is not None:
             # A peak no snapshot shows (held for less than memray's 10 ms): a
             # sample of it where it fell, so the counter reaches the task's heap_peak.
-            peak = _kib_or_none(m.get("heap_peak"))
-            at_ns = _int_or_none(at)
-            if peak is not None and at_ns is not None:
-                inside.append((min(max(at_ns, start), end), peak, None))
-                inside.sort(key=_first)
+            bisect.insort(inside, (min(max(at, start), end), kib(heap_peak), None), key=_TIME)
         order = self._order
         pending.append((first[0], order, first[1], first[2]))
         for ts, heap_kib, rss_kib in inside:
@@ -262,10 +262,6 @@ class MemoryTrace:
                     node.used += d_used
                 node.last_ts = ts
                 node.sequence.sample(ts, kib(node.used), kib(node.requested))
-
-
-def _first(sample: tuple[int, int, int | None]) -> int:
-    return sample[0]
 
 
 def _kib_or_none(nbytes: Any) -> int | None:
