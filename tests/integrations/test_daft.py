@@ -29,6 +29,7 @@ daft = pytest.importorskip(
 )
 
 import ray  # noqa: E402
+from own_driver import heavy, run_driver  # noqa: E402
 
 import tracer.integrations.daft as tdaft  # noqa: E402
 from tracer.errors import InvalidTracingLevelError  # noqa: E402
@@ -414,20 +415,12 @@ print("DRIVER0", " ".join(sorted(m for m in sys.modules if m.startswith("tracer"
 with daft.execution_config_ctx(use_legacy_ray_runner=True, enable_ray_tracing=True):
     print("WORKER", query())
 """
-    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = {x.split()[0]: x.split()[1:] for x in done.stdout.splitlines() if x.split()}
-    heavy = ("tracer.format", "tracer._proto", "tracer.ray.runner_tracer", "tracer.ray.timeline",
-             "tracer.ray.ray_events", "tracer.ray.output")
+    lines = {x.split()[0]: x.split()[1:] for x in run_driver(code) if x.split()}
     driver_off, worker = lines["DRIVER0"], lines["WORKER"]
     assert "tracer.integrations.daft" in driver_off
-    assert [m for m in driver_off if m.startswith(heavy)] == [], driver_off
+    assert heavy(driver_off) == [], driver_off
     assert "tracer.integrations.daft" in worker and "tracer.ray.task_metrics" in worker
-    assert [m for m in worker if m.startswith(heavy)] == [], worker
+    assert heavy(worker) == [], worker
 
 
 # ------------------------------------------------------------ installing

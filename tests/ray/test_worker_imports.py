@@ -12,7 +12,6 @@ come back.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from own_driver import heavy, run_driver
 
 from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
 
@@ -34,17 +34,6 @@ DRIVER_SIDE = (
     "tracer.ray.wrappers",
     "tracer.integrations.ray_data.callback",
     "tracer.integrations.ray_data.execution",
-)
-
-
-#: What a run at level 0 loads nowhere: the writer, readers, protobuf and the tracer.
-HEAVY = (
-    "tracer.format",
-    "tracer._proto",
-    "tracer.ray.runner_tracer",
-    "tracer.ray.timeline",
-    "tracer.ray.ray_events",
-    "tracer.ray.output",
 )
 
 
@@ -121,20 +110,11 @@ def test_a_run_with_tracing_off_loads_none_of_the_tracer() -> None:
         "print(' '.join(m for m in sys.modules if m.startswith('tracer')))\n"
         "print(' '.join(workers))\n"
     )
-    # A driver of its own on this test's Ray (~1 s, where a Ray of its own takes ~8):
-    # a job of its own, whose workers are its own too.
-    env = {k: v for k, v in os.environ.items() if k != "TRACER_ENABLE_RAY_TRACING"}
-    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    driver, workers = proc.stdout.splitlines()[-2:]
-    assert "tracer.runner" in driver.split()
-    assert [m for m in driver.split() if m.startswith(HEAVY)] == [], driver
-    assert "tracer.runner.pipeline" in workers.split()  # the runner's own task code
-    assert [m for m in workers.split() if m.startswith(HEAVY)] == [], workers
+    driver, workers = (line.split() for line in run_driver(code)[-2:])
+    assert "tracer.runner" in driver
+    assert heavy(driver) == [], driver
+    assert "tracer.runner.pipeline" in workers  # the runner's own task code
+    assert heavy(workers) == [], workers
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -148,14 +128,9 @@ def test_ray_data_with_the_callback_at_level_0_loads_none_of_the_tracer() -> Non
         "assert len(ray.data.range(8).map(lambda r: r).take_all()) == 8\n"
         "print(' '.join(m for m in sys.modules if m.startswith('tracer')))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRACER_ENABLE_RAY_TRACING"}
-    env["RAY_DATA_EXECUTION_CALLBACKS"] = "tracer.integrations.ray_data.TracingCallback"
-    env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
-        check=False,
+    lines = run_driver(
+        code, RAY_DATA_EXECUTION_CALLBACKS="tracer.integrations.ray_data.TracingCallback"
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    driver = proc.stdout.splitlines()[-1].split()
+    driver = lines[-1].split()
     assert "tracer.integrations.ray_data.callback" in driver  # Ray Data made the callback
-    assert [m for m in driver if m.startswith(HEAVY)] == [], driver
+    assert heavy(driver) == [], driver
