@@ -26,6 +26,7 @@ does with them (sort them all, or stream them) is the subclass's business.
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -44,6 +45,7 @@ from tracer.format._templates import (
     _Template,
 )
 from tracer.format._wire import INT64_MAX, INT64_MIN
+from tracer.format.model import Problem
 
 __all__ = ["_BEGIN", "_END", "Event"]  # the readers sort begins before ends
 
@@ -67,6 +69,18 @@ def use_read_speedups() -> bool:
     return _readspeedups is not None and os.environ.get("TRACER_PURE_PYTHON", "") in ("", "0")
 
 
+class _FileFacts(Protocol):
+    """The file-wide facts both readers' results carry (TraceModel, TraceScan)."""
+
+    problems: list[Problem]
+    problem_counts: dict[str, int]
+    truncated: bool
+    packet_count: int
+    trace_clock: int
+    process_ordering: str | None
+    thread_ordering: str | None
+
+
 class _Tokenizer(_EventReader):
     """Decodes records into :attr:`events`, :attr:`counters` and :attr:`tracks`."""
 
@@ -83,6 +97,16 @@ class _Tokenizer(_EventReader):
     def finish(self) -> None:
         """Called once the whole input is read (the reader's last step)."""
         raise NotImplementedError
+
+    def report_to(self, result: _FileFacts) -> None:
+        """What every read says of the file, whatever it builds (a model, a scan)."""
+        result.problems = self.problems
+        result.problem_counts = self.problem_counts
+        result.truncated = self.truncated
+        result.packet_count = self.packet_index
+        result.trace_clock = self.trace_clock
+        result.process_ordering = self.process_ordering
+        result.thread_ordering = self.thread_ordering
 
     # ------------------------------------------------------------- records
 

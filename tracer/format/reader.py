@@ -159,13 +159,7 @@ class _ModelReader(_Tokenizer):
         self.counters.sort(key=itemgetter(0))
         model.counters = [CounterSample(uuid, ts, value) for ts, uuid, value in self.counters]
         self.parse_events()
-        model.problems = self.problems
-        model.problem_counts = self.problem_counts
-        model.truncated = self.truncated
-        model.packet_count = self.packet_index
-        model.trace_clock = self.trace_clock
-        model.process_ordering = self.process_ordering
-        model.thread_ordering = self.thread_ordering
+        self.report_to(model)
 
     # --------------------------------------------------------------- parsing
 

@@ -399,14 +399,7 @@ class _Scanner(_Tokenizer):
                 )
             queue.stack = []
         self.finish_flows()
-        result = self.result
-        result.problems = self.problems
-        result.problem_counts = self.problem_counts
-        result.truncated = self.truncated
-        result.packet_count = self.packet_index
-        result.trace_clock = self.trace_clock
-        result.process_ordering = self.process_ordering
-        result.thread_ordering = self.thread_ordering
+        self.report_to(self.result)
 
     def finish_flows(self) -> None:
         """Flows join events in timestamp order across tracks: matched at the end."""
