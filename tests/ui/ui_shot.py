@@ -34,6 +34,8 @@ SCRIPT = Path(
 #: pytest's tmp_path, which later runs rotate away).
 OUT_ROOT = Path(os.environ.get("TRACER_UI_OUT") or REPO / ".ui-screenshots")
 PORTS = (10000, 9001)
+#: The Chromium the script is given: the real one with frames unthrottled (see the file for why).
+UNTHROTTLED_CHROMIUM = Path(__file__).with_name("chromium-unthrottled")
 #: The one dialog a load through the native accelerator shows (the script answers it).
 ACCELERATOR_DIALOG = "Use trace processor native acceleration?"
 
@@ -133,13 +135,24 @@ def _wait_for_ports(limit_s: float = 70.0) -> None:
         time.sleep(0.5)
 
 
+def _script_env() -> dict[str, str]:
+    """The script's environment: its Chromium wrapped in ``chromium-unthrottled`` when there is
+    one to wrap (otherwise the script installs it, as on first use)."""
+    env = dict(os.environ)
+    real = env.get("CHROMIUM", "/usr/bin/chromium")
+    if os.access(real, os.X_OK) and os.access(UNTHROTTLED_CHROMIUM, os.X_OK):
+        env["TRACER_UI_REAL_CHROMIUM"] = real
+        env["CHROMIUM"] = str(UNTHROTTLED_CHROMIUM)
+    return env
+
+
 def render(trace: Path, out: Path, *options: str, timeout_s: float = 400) -> UiRun:
     """Open ``trace`` in the real UI; what it showed (``out`` keeps the files)."""
     tool = script()
     _wait_for_ports()
     proc = subprocess.run(
         [str(tool), str(trace), str(out), "--info=no", *options],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
+        capture_output=True, text=True, timeout=timeout_s, check=False, env=_script_env(),
     )
     log = (proc.stdout + proc.stderr)[-4000:]
     (out / "script.log").write_text(proc.stdout + proc.stderr)
