@@ -22,6 +22,7 @@ from ui_shot import out_dir, render, script
 from tracer.cli.open_trace import startup_query
 from tracer.format import read_trace
 from tracer.ray import layout as L
+from tracer.ray import wait_for_traces
 from tracer.runner import Pipeline, Stage
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "big_task_heap_usage.py"
@@ -106,12 +107,17 @@ def test_two_node_run(ray_cluster: object, tmp_path: Path, request: pytest.Fixtu
     trace = tmp_path / "two-nodes.perfetto-trace"
     stages = [Stage("nap", _nap, num_cpus=1), Stage("inc", _inc, num_cpus=1)]
     Pipeline(list(range(6)), stages).run(tracing_level=1, trace_path=trace, progress=False)
+    assert wait_for_traces(trace, timeout=60)  # with Ray's events, drawn after the run returns
     run = render(trace, out_dir(request))
     root = check_runner_layout(run, read_trace(trace), {"nap": 6, "inc": 6})
     nodes = root.children[3:]
     assert [n.name.split(" (")[0] for n in nodes] == ["Node 0", "Node 1"], run.where()
-    # Both nodes ran tasks (1 CPU each, tasks that wait): each shows its own workers.
+    # Both nodes ran tasks (1 CPU each, tasks that wait): each shows its own workers, and
+    # Ray's phases of their tasks under them (read from Ray for both nodes alike).
     assert all(any(c.count("slices") for c in n.children[2:]) for n in nodes), run.where()
+    for node in nodes:
+        workers = [c for c in node.children[2:] if c.count("slices")]
+        assert all(L.RAY_PHASES_TRACK in w.names for w in workers), (node.name, run.where())
 
 
 def test_run_with_failures(
@@ -121,6 +127,7 @@ def test_run_with_failures(
     stages = [Stage("explode", _raise_on_3), Stage("after", abs)]
     with pytest.raises(KeyError, match="always 3"):
         Pipeline(list(range(5)), stages).run(tracing_level=1, trace_path=trace, progress=False)
+    assert wait_for_traces(trace, timeout=60)  # with Ray's events, drawn after the run returns
     model = read_trace(trace)
     launched = {
         "explode": sum(1 for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
