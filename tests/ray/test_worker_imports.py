@@ -19,17 +19,14 @@ from pathlib import Path
 
 import pytest
 import ray
-from own_driver import heavy, run_driver
+from own_driver import HEAVY, heavy, run_driver
 
 from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
 
-#: The driver's side: none of these is needed to measure a task.
+#: The driver's side (the heavy modules, and the tracer's other driver-only ones):
+#: none of these is needed to measure a task.
 DRIVER_SIDE = (
-    "tracer.format",
-    "tracer._proto",
-    "tracer.ray.runner_tracer",
-    "tracer.ray.timeline",
-    "tracer.ray.ray_events",
+    *HEAVY,
     "tracer.ray.session",
     "tracer.ray.wrappers",
     "tracer.integrations.ray_data.callback",
