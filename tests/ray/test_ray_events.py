@@ -628,7 +628,7 @@ def test_ray_task_events_become_facts_in_time_order_with_the_task_s_own_error() 
     the body raised (from the task's own profile event) over Ray's error type."""
     from ray.core.generated import common_pb2, gcs_pb2
 
-    from tracer.ray.ray_events import to_facts
+    from tracer.ray.ray_events_facts import to_facts
     from tracer.ray.task_metrics import RAY_EVENT_NAME, pack_failure
 
     ev = gcs_pb2.TaskEvents(task_id=bytes(range(24)), attempt_number=1)

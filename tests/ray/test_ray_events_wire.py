@@ -16,7 +16,8 @@ from ray.core.generated import gcs_pb2
 from ray.core.generated import gcs_service_pb2 as gs
 
 from tracer.ray import ray_events_wire as wire
-from tracer.ray.ray_events import _reply_of, to_facts
+from tracer.ray.ray_events import _reply_of
+from tracer.ray.ray_events_facts import to_facts
 
 
 def _event(rng: random.Random, i: int) -> Any:
