@@ -6,8 +6,12 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from tracer.query import ENGINES, QueryConfig, TraceQuery
+from tracer.query import ENGINES, QueryConfig
+
+if TYPE_CHECKING:
+    from tracer.query import TraceQuery
 
 __all__ = ["add_trace_args", "error", "non_negative_int", "open_query", "positive_int", "warn"]
 
@@ -64,6 +68,8 @@ def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> N
 @contextlib.contextmanager
 def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[TraceQuery]:
     """A TraceQuery for ``args.trace``; prints its warnings (truncation...) on stderr."""
+    from tracer.query import TraceQuery
+
     chosen = engine or getattr(args, "engine", "auto")
     if chosen not in ENGINES:  # argparse's choices keep this from happening
         raise ValueError(f"unknown engine {chosen!r}")

@@ -10,11 +10,12 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tracer.query import is_missing, records
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "Column",
@@ -174,6 +175,8 @@ def render_table(
 
 def render_frame(frame: pd.DataFrame, style: Style) -> str:
     """Any query result as a table (values as they are, left-aligned text)."""
+    import pandas as pd
+
     rows = records(frame)
     columns = [
         Column(str(name), str(name), right=pd.api.types.is_numeric_dtype(frame[name]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.cli._common import add_trace_args, non_negative_int, open_query
 from tracer.cli._output import (
@@ -18,9 +18,12 @@ from tracer.cli._output import (
     print_json,
     render_table,
 )
-from tracer.query import QueryConfig, TraceQuery, is_missing, records
-from tracer.query.suggest import DEFAULT_HEADROOM
+from tracer.query import QueryConfig, is_missing, records
+from tracer.query.config import DEFAULT_HEADROOM
 from tracer.sizes import InvalidSizeError, parse_size
+
+if TYPE_CHECKING:
+    from tracer.query import TraceQuery
 
 HELP = "requested vs actual memory per stage and node, and the tasks over their request"
 
@@ -124,6 +127,8 @@ def memory_report(
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0 (0 lists all), got {limit}")
+    from tracer.query import TraceQuery
+
     style = Style(rich=False, color=False)
     with TraceQuery(trace, config) as q:
         text = _render(q, str(trace), style, limit)

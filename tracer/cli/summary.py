@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from tracer.cli._common import add_trace_args, open_query, positive_int, warn
 from tracer.cli._output import (
@@ -20,7 +18,10 @@ from tracer.cli._output import (
     render_table,
     sparkline,
 )
-from tracer.query import records
+from tracer.query import is_missing, records
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HELP = "stages, task latency, dispatch loop and workers of a traced run"
 
@@ -232,8 +233,8 @@ def _workers(util: pd.DataFrame, style: Style) -> str:
         total = int(group["busy_ns"].sum())
         rows.append(
             {
-                "node": None if pd.isna(node) else node,
-                "worker": None if pd.isna(worker) else worker,
+                "node": None if is_missing(node) else node,
+                "worker": None if is_missing(worker) else worker,
                 "busy": total / (bucket_ns * buckets) if bucket_ns and buckets else None,
                 "timeline": sparkline(fractions, style),
             }

@@ -26,11 +26,33 @@ execution, for machines where no trace_processor binary can be had. The
 default, ``engine="auto"``, uses trace_processor when a binary is found.
 """
 
-from tracer.query.api import ENGINES, Engine, QueryConfig, TraceQuery, check_trace_file
+from typing import TYPE_CHECKING, Any
+
 from tracer.query.columns import SCHEMAS, is_missing, records, to_frame
+from tracer.query.config import ENGINES, Engine, QueryConfig, check_trace_file
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import ENV_VAR, find_trace_processor
 from tracer.query.sql import ANALYSES, TABLES, sql_path, sql_text
+
+if TYPE_CHECKING:
+    from tracer.query.api import TraceQuery
+
+
+# TraceQuery is loaded on first use: its module brings pandas, the trace reader and
+# the analyses (~0.4 s), which the command line's options, `tracer open` and
+# `tracer convert` do not need.
+def __getattr__(name: str) -> Any:
+    if name != "TraceQuery":
+        raise AttributeError(f"module 'tracer.query' has no attribute {name!r}")
+    from tracer.query.api import TraceQuery
+
+    globals()[name] = TraceQuery  # found once
+    return TraceQuery
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"TraceQuery"})
+
 
 __all__ = [
     "ANALYSES",

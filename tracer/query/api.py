@@ -1,9 +1,9 @@
-"""The entry point of the query layer: :class:`TraceQuery` and its :class:`QueryConfig`."""
+"""The entry point of the query layer: :class:`TraceQuery` (its :class:`QueryConfig` is in
+:mod:`tracer.query.config`, which loads without pandas)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +17,7 @@ from tracer.format import TraceModel, TraceScan, read_trace
 from tracer.query import analyses
 from tracer.query.collect import RAY_EVENTS_INFO, RUN_INFO, TraceRows, scan_rows
 from tracer.query.columns import records, to_frame
+from tracer.query.config import ENGINES, Engine, QueryConfig, check_trace_file
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import (
     ENV_VAR,
@@ -30,47 +31,6 @@ from tracer.query.suggest import DEFAULT_HEADROOM, memory_suggestions
 from tracer.ray import layout as L
 
 __all__ = ["ENGINES", "Engine", "QueryConfig", "TraceQuery", "check_trace_file"]
-
-Engine = Literal["reader", "trace_processor", "auto"]
-ENGINES: tuple[str, ...] = ("reader", "trace_processor", "auto")
-
-
-@dataclasses.dataclass(frozen=True)
-class QueryConfig:
-    """How :class:`TraceQuery` answers.
-
-    ``engine`` computes the ready-made analyses:
-
-    * ``"auto"`` (default): trace_processor when a binary can be found and
-      starts, else the reader; :meth:`TraceQuery.warnings` says why when a
-      binary was found but does not start, or when ``trace_processor_path``
-      or ``$TRACE_PROCESSOR_PATH`` names one that is missing or not
-      executable (no binary anywhere falls back quietly);
-    * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
-      trace_processor (fails if no binary can be found);
-    * ``"reader"``: in Python, streaming the trace with
-      :func:`tracer.format.scan_trace` and keeping a row per task and per
-      execution; needs nothing else, works everywhere.
-
-    Both engines return the same columns and numbers. :meth:`TraceQuery.query`
-    (arbitrary SQL) always needs trace_processor, whatever the engine.
-
-    ``trace_processor_path`` is the trace_processor_shell binary; by default
-    ``$TRACE_PROCESSOR_PATH``, then the binary the perfetto package cached on
-    an earlier download, then ``trace_processor_shell`` on ``PATH``.
-    ``load_timeout`` is how long (s) trace_processor may take to start;
-    ``verbose`` lets its output through.
-    """
-
-    engine: Engine = "auto"
-    trace_processor_path: str | None = None
-    load_timeout: float = 30.0
-    verbose: bool = False
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-
 
 def _wait_if_finishing(path: Path) -> None:
     """A run of this process whose trace is still being finished (Ray's last events come
@@ -353,29 +313,3 @@ class TraceQuery:
         its limits: :mod:`tracer.query.suggest`.
         """
         return memory_suggestions(self, headroom, node_memory)
-
-
-def check_trace_file(path: str | os.PathLike[str]) -> Path:
-    """A quick check that ``path`` is a readable file that starts like a Perfetto trace.
-
-    For tools that hand the file to something else (trace_processor, the
-    Perfetto UI), whose errors are vaguer. Raises
-    :class:`~tracer.errors.TraceReadError`; returns the path.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise TraceReadError(f"no such trace file: {path}")
-    if not path.is_file():
-        raise TraceReadError(f"not a file: {path}")
-    try:
-        with path.open("rb") as f:
-            head = f.read(2)
-    except OSError as exc:
-        raise TraceReadError(f"cannot read trace file {path}: {exc.strerror or exc}") from exc
-    if not head:
-        raise TraceReadError(f"trace file {path} is empty")
-    if head[:1] != b"\x0a" and head != b"\x1f\x8b":
-        raise TraceReadError(
-            f"{path} is not a Perfetto protobuf trace (it does not start with a packet record)"
-        )
-    return path

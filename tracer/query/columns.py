@@ -4,15 +4,19 @@ Both engines (trace_processor and the reader) produce the same columns with
 the same dtypes: integers as pandas' nullable ``Int64`` (nanoseconds and
 bytes stay exact), fractions as ``float64`` (NaN when undefined) and text as
 ``string``.
+
+pandas is imported on first use, not with this module: the command line
+builds its options from here without paying for it (~0.4 s).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SCHEMAS", "Kind", "records", "to_frame"]
 
@@ -148,6 +152,8 @@ _DTYPES: dict[Kind, Any] = {"int": "Int64", "float": "float64", "str": "string"}
 
 def to_frame(data: pd.DataFrame | Sequence[Mapping[str, Any]], name: str) -> pd.DataFrame:
     """Rows (dicts) or a trace_processor DataFrame as analysis ``name``'s typed DataFrame."""
+    import pandas as pd
+
     schema = SCHEMAS[name]
     columns = [c for c, _ in schema]
     if isinstance(data, pd.DataFrame):
@@ -196,6 +202,13 @@ def is_missing(value: Any) -> bool:
     """None, NaN, pandas' NA or NaT: a value an analysis did not have (a cell to show as -)."""
     if value is None:
         return True
+    kind = type(value)
+    if kind is int or kind is str:
+        return False
+    if kind is float:
+        return bool(value != value)  # NaN
+    import pandas as pd
+
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from tracer.query.columns import is_missing, records
+from tracer.query.config import DEFAULT_HEADROOM
 from tracer.ray import layout as L
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_HEADROOM", "SUGGESTION_COLUMNS", "memory_suggestions", "suggested_request"]
 
-DEFAULT_HEADROOM = 1.25
 _MIB = 1 << 20
 
 #: The columns of :func:`memory_suggestions`, with their pandas dtypes.

@@ -1,0 +1,89 @@
+"""What opening a trace takes, without pandas or the engines: the query layer's light part.
+
+:class:`QueryConfig` and :func:`check_trace_file` are what a command line
+needs before it answers anything (its options, a quick check of the file),
+so they live apart from :class:`~tracer.query.TraceQuery`, whose imports
+(pandas, the reader, the analyses) take ~0.4 s: ``tracer --help``,
+``tracer open`` and ``tracer convert`` do not pay for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Literal
+
+from tracer.errors import TraceReadError
+
+__all__ = ["DEFAULT_HEADROOM", "ENGINES", "Engine", "QueryConfig", "check_trace_file"]
+
+#: How far above the largest measured peak a suggested ``memory=`` request goes
+#: (:func:`tracer.query.suggest.memory_suggestions`).
+DEFAULT_HEADROOM = 1.25
+
+Engine = Literal["reader", "trace_processor", "auto"]
+ENGINES: tuple[str, ...] = ("reader", "trace_processor", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryConfig:
+    """How :class:`TraceQuery` answers.
+
+    ``engine`` computes the ready-made analyses:
+
+    * ``"auto"`` (default): trace_processor when a binary can be found and
+      starts, else the reader; :meth:`TraceQuery.warnings` says why when a
+      binary was found but does not start, or when ``trace_processor_path``
+      or ``$TRACE_PROCESSOR_PATH`` names one that is missing or not
+      executable (no binary anywhere falls back quietly);
+    * ``"trace_processor"``: with the SQL files of ``tracer/query/sql`` in
+      trace_processor (fails if no binary can be found);
+    * ``"reader"``: in Python, streaming the trace with
+      :func:`tracer.format.scan_trace` and keeping a row per task and per
+      execution; needs nothing else, works everywhere.
+
+    Both engines return the same columns and numbers. :meth:`TraceQuery.query`
+    (arbitrary SQL) always needs trace_processor, whatever the engine.
+
+    ``trace_processor_path`` is the trace_processor_shell binary; by default
+    ``$TRACE_PROCESSOR_PATH``, then the binary the perfetto package cached on
+    an earlier download, then ``trace_processor_shell`` on ``PATH``.
+    ``load_timeout`` is how long (s) trace_processor may take to start;
+    ``verbose`` lets its output through.
+    """
+
+    engine: Engine = "auto"
+    trace_processor_path: str | None = None
+    load_timeout: float = 30.0
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+
+
+def check_trace_file(path: str | os.PathLike[str]) -> Path:
+    """A quick check that ``path`` is a readable file that starts like a Perfetto trace.
+
+    For tools that hand the file to something else (trace_processor, the
+    Perfetto UI), whose errors are vaguer. Raises
+    :class:`~tracer.errors.TraceReadError`; returns the path.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceReadError(f"no such trace file: {path}")
+    if not path.is_file():
+        raise TraceReadError(f"not a file: {path}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(2)
+    except OSError as exc:
+        raise TraceReadError(f"cannot read trace file {path}: {exc.strerror or exc}") from exc
+    if not head:
+        raise TraceReadError(f"trace file {path} is empty")
+    if head[:1] != b"\x0a" and head != b"\x1f\x8b":
+        raise TraceReadError(
+            f"{path} is not a Perfetto protobuf trace (it does not start with a packet record)"
+        )
+    return path
