@@ -35,19 +35,23 @@ what Ray's idle processes spend meanwhile; the paired ratios also give the
 CPU of the driver and Ray's processes until the run returned, without that
 fixed wait (and without the last events' drawing). Then where the run's CPU
 went: the driver's dispatch-loop thread, its other threads (Ray's and the
-tracer's), the workers, the raylet and the GCS.
+tracer's), the workers, the raylet and the GCS; and of the driver's, what
+its cycle collector took (in whichever thread set it off) and how many full
+collections it ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -106,11 +110,41 @@ def variant(name: str) -> Iterator[int]:
 Measured = tuple[float, float, float, float, float, dict[str, float], float]
 
 
+#: Rows of the by-process table that are the driver's cycle collector: its CPU in every
+#: thread of the driver (already counted in the driver's rows), and its full collections
+#: (a count per run, not seconds), each walking the driver's whole heap.
+GC_KINDS = ("driver: cycle collector", "driver: full collections")
+
+
+@contextlib.contextmanager
+def cycle_collector(kinds: dict[str, float]) -> Iterator[None]:
+    """Times the cycle collector's collections in every thread (thread CPU) into ``kinds``."""
+    started: dict[int, float] = {}
+    kinds.update(dict.fromkeys(GC_KINDS, 0.0))
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[threading.get_ident()] = time.thread_time()
+            return
+        begun = started.pop(threading.get_ident(), None)
+        if begun is not None:
+            kinds[GC_KINDS[0]] += time.thread_time() - begun
+        if info["generation"] == 2:
+            kinds[GC_KINDS[1]] += 1
+
+    gc.callbacks.append(timed)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(timed)
+
+
 def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
     """One run of the variant (see :data:`Measured`)."""
     path.unlink(missing_ok=True)
     pipeline = Pipeline(list(range(tasks)), [task_stage()])
-    with variant(name) as level:
+    collector: dict[str, float] = {}
+    with variant(name) as level, cycle_collector(collector):
         t = os.times()
         driver0 = t.user + t.system
         tree0 = tree_cpu_s()
@@ -126,6 +160,7 @@ def run_once(name: str, tasks: int, path: Path, load: list[int]) -> Measured:
         driver = t.user + t.system - driver0
         tree = tree_cpu_s() - tree0
         kinds = {k: v - kinds0[k] for k, v in tree_cpu_by_kind().items()}
+        kinds.update(collector)
         every = machine_busy_s() - sum(proc_cpu_s(p) for p in load) - all0
     assert results == list(range(tasks))
     return wall, driver, tree, every, finished, kinds, returned
@@ -272,13 +307,15 @@ def main() -> int:
               f"{paired(returns, name):>22}")
     print("\n  driver + Ray CPU by process (thread), us/task, median (and over level 0):")
     print(f"  {'':<22}" + "".join(f"{name:>16}" for name in names))
-    for kind in KINDS:
+    for kind in (*KINDS, GC_KINDS[0]):
         base = statistics.median(by_kind["0"][kind]) / n * 1e6
         cells = []
         for name in names:
             med = statistics.median(by_kind[name][kind]) / n * 1e6
             cells.append(f"{med:6.0f}" + (f" ({med - base:+5.0f})" if name != "0" else " " * 8))
         print(f"  {kind:<22}" + "".join(f"{c:>16}" for c in cells))
+    print(f"  {GC_KINDS[1] + ', a run':<22}" + "".join(
+        f"{statistics.median(by_kind[name][GC_KINDS[1]]):>16g}" for name in names))
     return 0
 
 

@@ -20,7 +20,7 @@ from trace_bytes import uncompressed
 from tracer.format.model import Slice, TraceModel
 from tracer.ray import layout as L
 from tracer.ray.ray_events import AllEventsQuery, GcsQuery, RayEventSource, Reply
-from tracer.ray.ray_events_wire import RawTaskEvents
+from tracer.ray.ray_events_wire import is_raw
 from tracer.runner import Pipeline, Stage
 
 NUM_PARTITIONS = 6
@@ -150,7 +150,7 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     assert set(by_job) == set(ids)
     # The GCS's reply is kept as bytes: an entry is parsed only when its task is wanted.
     reply = gcs.job(bytes.fromhex(job_id()), 5.0)
-    assert reply.events and all(type(e) is RawTaskEvents for e in reply.events)
+    assert reply.events and all(is_raw(e) for e in reply.events)
     per_task = RayEventSource(job_id(), [gcs])
     per_task._job_s = 1e9  # the job is "expensive": one query per task
     assert _read_until_complete(per_task, ids) == by_job

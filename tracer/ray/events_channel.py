@@ -277,13 +277,22 @@ def _chunks(facts: list[RayTaskEvents], size: int) -> Iterator[list[RayTaskEvent
     if len(facts) <= size:
         yield facts
         return
-    by_task: dict[str, list[RayTaskEvents]] = {}
-    for fact in sorted(facts, key=_start):
-        by_task.setdefault(fact.ray_task_id, []).append(fact)
+    # Each task in the order of its first attempt's start, its attempts after it in
+    # theirs (the sorts are stable). A number per task, not a list of its attempts:
+    # a dict of strings and ints is not the cycle collector's to walk, and a read's
+    # thousands of lists were carried into its oldest generation (see
+    # ray_events_wire.RawTaskEvents for what that costs).
+    ordered = sorted(facts, key=_start)
+    rank: dict[str, int] = {}
+    for fact in ordered:
+        rank.setdefault(fact.ray_task_id, len(rank))
+    ordered.sort(key=lambda fact: rank[fact.ray_task_id])
     chunk: list[RayTaskEvents] = []
-    for attempts in by_task.values():
-        chunk.extend(attempts)
-        if len(chunk) >= size:
+    for i, fact in enumerate(ordered):
+        chunk.append(fact)
+        if len(chunk) >= size and (
+            i + 1 == len(ordered) or ordered[i + 1].ray_task_id != fact.ray_task_id
+        ):
             yield chunk
             chunk = []
     if chunk:

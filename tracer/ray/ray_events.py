@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from tracer.ray.ray_events_facts import facts_of, to_facts
-from tracer.ray.ray_events_wire import split_reply
+from tracer.ray.ray_events_wire import split_reply, task_key
 from tracer.ray.timeline import RayTaskEvents
 
 logger = logging.getLogger("tracer")
@@ -89,8 +89,8 @@ class Reply:
         self, events: list[Any], dropped: int, stored: int = 0, truncated: int = 0
     ) -> None:
         #: Ray's TaskEvents protos, or entries of a reply not parsed yet
-        #: (:class:`~tracer.ray.ray_events_wire.RawTaskEvents`: ``task_id`` and
-        #: ``attempt_number`` alike; :func:`to_facts` parses what it keeps).
+        #: (:data:`~tracer.ray.ray_events_wire.RawTaskEvents`; ``task_key`` reads
+        #: either's id and attempt, :func:`to_facts` parses what it keeps).
         self.events = events
         self.dropped = dropped  # profile + status events Ray dropped (for the job, or in all)
         #: Task attempts Ray holds for the query (a job query: the job's), sent or not.
@@ -506,7 +506,7 @@ class RayEventSource:
         limit = len(wanted) - len(prior) + (max(prior) + 1 if prior else 0) + _RECENT_SLACK
         for _ in range(_RECENT_TRIES):
             reply = recent(limit, max(0.001, deadline - time.perf_counter()))
-            ids = [ev.task_id.hex() for ev in reply.events]
+            ids = [task_key(ev)[0].hex() for ev in reply.events]
             shift = self._shift(reply)
             if not reply.truncated:
                 break
@@ -541,8 +541,7 @@ class RayEventSource:
             if task_id in wanted and task_id not in depth:
                 depth[task_id] = i + moved
         if reply.events:
-            first = reply.events[0]
-            self._front = (first.task_id, first.attempt_number)
+            self._front = task_key(reply.events[0])
         self._depth = depth
         return facts, found >= len(wanted) or not reply.truncated
 
@@ -556,9 +555,9 @@ class RayEventSource:
         """
         if self._front is None:
             return None
-        task_id, attempt = self._front
+        front = self._front
         for i, ev in enumerate(reply.events):
-            if ev.task_id == task_id and ev.attempt_number == attempt:
+            if task_key(ev) == front:
                 return i
         return -1
 

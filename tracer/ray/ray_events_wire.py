@@ -21,7 +21,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["RawTaskEvents", "parse_entries", "split_reply"]
+__all__ = ["RawTaskEvents", "is_raw", "parse_entries", "split_reply", "task_key"]
 
 #: Entries parsed at once (~3 KB each parsed: a batch is ~1.5 MB).
 _BATCH = 512
@@ -29,22 +29,29 @@ _LEN = 2  # the wire type of length-delimited fields
 _U64 = 1 << 64
 
 
-class RawTaskEvents:
-    """One task attempt's entry in a reply, not parsed: its id, its attempt, and where it is.
+#: One task attempt's entry in a reply, not parsed: ``(task id, attempt, the reply's
+#: bytes, start, end)``, where ``data[start:end]`` is the entry.
+#:
+#: A tuple of atoms, not an object with attributes: a read of a job holds one per task
+#: attempt Ray sent (tens of thousands), through the collections of the cycle
+#: collector that the read's allocations set off. An object of a class was carried
+#: into the oldest generation by each of them, and those carried over are what sets
+#: off a full collection (each walking the driver's whole heap, ~50-70 ms with Ray
+#: loaded): a level-1 driver ran three per 10,000 no-op tasks. The collector
+#: untracks a tuple of atoms the first time it sees one, so it carries none over.
+RawTaskEvents = tuple[bytes, int, bytes, int, int]
 
-    ``task_id`` and ``attempt_number`` are what a parsed ``TaskEvents`` has
-    under those names, so a read treats both alike until it needs the rest
-    (:func:`parse_entries`).
-    """
 
-    __slots__ = ("attempt_number", "data", "end", "start", "task_id")
+def is_raw(ev: Any) -> bool:
+    """Is ``ev`` an entry not parsed yet (else it is Ray's parsed ``TaskEvents``)?"""
+    return type(ev) is tuple
 
-    def __init__(self, task_id: bytes, attempt_number: int, data: bytes, start: int, end: int):
-        self.task_id = task_id
-        self.attempt_number = attempt_number
-        self.data = data
-        self.start = start
-        self.end = end
+
+def task_key(ev: Any) -> tuple[bytes, int]:
+    """(task id, attempt number) of an entry, parsed or not."""
+    if type(ev) is tuple:
+        return ev[0], ev[1]
+    return ev.task_id, ev.attempt_number
 
 
 @functools.cache
@@ -133,7 +140,7 @@ def split_reply(data: bytes) -> tuple[Any, list[RawTaskEvents]]:
                         task_id, attempt = _peek(data, pos, stop, id_field, attempt_field)
                 else:
                     task_id, attempt = _peek(data, pos, stop, id_field, attempt_field)
-                append(RawTaskEvents(task_id, attempt, data, pos, stop))
+                append((task_id, attempt, data, pos, stop))
                 pos = stop
             else:
                 pos = _skip(data, pos, tag & 7)
@@ -188,8 +195,9 @@ def parse_entries(entries: Sequence[RawTaskEvents]) -> Iterator[Any]:
 
     tag = _varint_bytes((_numbers()[0] << 3) | _LEN)
     for first in range(0, len(entries), _BATCH):
-        parts: list[bytes | memoryview] = []
-        for entry in entries[first:first + _BATCH]:
-            parts += (tag, _varint_bytes(entry.end - entry.start),
-                      memoryview(entry.data)[entry.start:entry.end])
+        parts: list[bytes] = []
+        # Slices copied (~900 bytes each), not memoryviews: two objects of the cycle
+        # collector's each, a batch of them alive through its collections.
+        for _, _, data, start, end in entries[first:first + _BATCH]:
+            parts += (tag, _varint_bytes(end - start), data[start:end])
         yield from gs.GetTaskEventsReply.FromString(b"".join(parts)).events_by_task
