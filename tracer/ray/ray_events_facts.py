@@ -14,7 +14,7 @@ from operator import itemgetter
 from typing import Any
 
 from tracer.ray import layout as L
-from tracer.ray.ray_events_wire import parse_entries
+from tracer.ray.ray_events_wire import is_raw, parse_entries, task_key
 from tracer.ray.task_metrics import RAY_EVENT_NAME, unpack_rss
 from tracer.ray.timeline import RayTaskEvents
 
@@ -43,8 +43,7 @@ def to_facts(events: Iterable[Any], wanted: set[str] | None = None) -> list[RayT
     only those of ``wanted`` task ids, if given."""
     picked: list[tuple[Any, str]] = []
     for ev in events:
-        # An entry not parsed yet is a tuple (see ray_events_wire.RawTaskEvents).
-        task_id = (ev[0] if type(ev) is tuple else ev.task_id).hex()
+        task_id = task_key(ev)[0].hex()
         if wanted is None or task_id in wanted:
             picked.append((ev, task_id))
     return facts_of(picked)
@@ -53,9 +52,9 @@ def to_facts(events: Iterable[Any], wanted: set[str] | None = None) -> list[RayT
 def facts_of(picked: list[tuple[Any, str]]) -> list[RayTaskEvents]:
     """Facts of these events (with their hex task ids): entries not parsed yet are parsed
     here, a batch at a time, each dropped once it is a fact."""
-    parsed = parse_entries([ev for ev, _ in picked if type(ev) is tuple])
+    parsed = parse_entries([ev for ev, _ in picked if is_raw(ev)])
     return [
-        _fact(next(parsed) if type(ev) is tuple else ev, task_id)
+        _fact(next(parsed) if is_raw(ev) else ev, task_id)
         for ev, task_id in picked
     ]
 
