@@ -122,6 +122,9 @@ def test_times_out(trace: Path, port_free: None) -> None:
 
 def test_port_busy(trace: Path, port_free: None) -> None:
     with socket.socket() as holder:
+        # As port_free's check does: a connection left in TIME_WAIT on 9001 (the UI
+        # tests' trace_processor, a serve just before) must not keep it from listening.
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", 9001))
         holder.listen()
         proc = start(trace, "--timeout", "5")
