@@ -75,6 +75,7 @@ def test_summary_as_plain_text(trace: Path) -> None:
         assert phase in out
     assert "level 1" in out and "engine reader" in out
     assert "Ray's events read from gcs: none missing" in out  # the header's second line
+    assert "The driver's Python GC: " in out  # under the dispatch loop's table
     stages = out.split("Stages\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert stages[0].split()[:3] == ["id", "stage", "tasks"]
     assert set(stages[1]) <= {"-", " "}
@@ -201,6 +202,51 @@ def _runner_like_trace(path: Path, peak: object) -> Path:
         w.end(lane, t0 + 60)
         w.end(loop, t0 + 70)
     return path
+
+
+def _gc_trace(path: Path, gc_args: dict[str, int] | None) -> Path:
+    """A run's loop of 100 ms whose execution slice ends with ``gc_args`` (None: a trace
+    written before the driver's GC was recorded)."""
+    from tracer.format import TraceWriter
+    from tracer.ray import layout as L
+
+    with TraceWriter(path) as w:
+        root = w.track(f"{L.RUN_TRACK_PREFIX} x")
+        loop = w.track(L.DISPATCH_LOOP_THREAD, parent=w.track(L.SCHEDULER_PROCESS, parent=root))
+        t0 = w.now()
+        w.begin(loop, L.SLICE_EXECUTION, t0, category=L.CAT_SCHEDULER,
+                args={"execution_id": "x", "runner": "r", "tracing_level": 1})
+        w.begin(loop, L.SLICE_WAVE, t0, category=L.CAT_SCHEDULER)
+        w.end(loop, t0 + 100_000_000)
+        w.end(loop, t0 + 100_000_000, args=gc_args)
+    return path
+
+
+@pytest.mark.parametrize("engine", ["reader", "trace_processor"])
+def test_summary_says_what_the_drivers_gc_took(
+    engine: str, tmp_path: Path, trace_processor_bin: str
+) -> None:
+    """Its share of the loop's time, and what to do once it is 5% or more."""
+    from tracer.ray import layout as L
+
+    def summary(gc_ns: int | None) -> str:
+        args = None if gc_ns is None else {
+            L.ARG_DRIVER_GC_COLLECTIONS: 7, L.ARG_DRIVER_GC_NS: gc_ns,
+            L.ARG_DRIVER_GC_LONGEST_NS: gc_ns // 2}
+        path = _gc_trace(tmp_path / f"gc-{gc_ns}.perfetto-trace", args)
+        result = tracer("summary", path, "--engine", engine,
+                        env={"TRACE_PROCESSOR_PATH": trace_processor_bin})
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    heavy = summary(20_000_000)
+    assert ("The driver's Python GC: 7 collections, 20.0 ms in all (20.0% of the loop's "
+            "time), the longest 10.0 ms") in heavy
+    assert "gc.freeze()" in heavy
+    light = summary(2_000_000)
+    assert "7 collections, 2.00 ms in all (2.0% of the loop's time)" in light
+    assert "gc.freeze()" not in light
+    assert "Python GC" not in summary(None)  # an older trace: nothing said
 
 
 @pytest.mark.parametrize("peak", [float("inf"), float("nan"), "lots", 2**70, True])

@@ -220,6 +220,8 @@ def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
         "execution_id": "syn", "runner": "synthetic", "tracing_level": 1,
         # the synthetic trace reads no Ray events: it says nothing of them
         "ray_events_source": None, "ray_events_missing": None, "ray_events_dropped": None,
+        # nor of the driver's GC (written by hand, not by the run timeline)
+        "driver_gc_collections": None, "driver_gc_ns": None, "driver_gc_longest_ns": None,
     }
     assert q.engine == "reader"
     (warning,) = q.warnings()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from ray_trace_checks import RunnerTrace, check_well_formed, load, split
+from ray_trace_checks import (
+    RunnerTrace,
+    check_driver_gc_totals,
+    check_well_formed,
+    load,
+    split,
+)
 
 from tracer.format.model import Slice, TraceModel
 from tracer.ray import layout as L
@@ -57,6 +63,7 @@ def check_data_trace(rt: RunnerTrace, stages: dict[str, int]) -> dict[str, int]:
     (run,) = [s for s in rt.loop_slices if s.depth == 0]
     assert run.name == L.SLICE_EXECUTION and run.args["runner"] == "ray-data"
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 0
+    check_driver_gc_totals(run.args)
     waves = [s for s in rt.loop_slices if s.depth == 1]
     assert {s.name for s in waves} == {L.SLICE_WAVE}
     assert [s.args[L.ARG_WAVE] for s in waves] == list(range(len(waves)))

@@ -133,6 +133,15 @@ def split(model: TraceModel) -> RunnerTrace:
     )
 
 
+def check_driver_gc_totals(args: dict[str, Any]) -> None:
+    """The run's slice ends with the driver's GC while it was traced (tracer.ray.driver_gc)."""
+    count = args[L.ARG_DRIVER_GC_COLLECTIONS]
+    total = args[L.ARG_DRIVER_GC_NS]
+    longest = args[L.ARG_DRIVER_GC_LONGEST_NS]
+    assert all(isinstance(v, int) and v >= 0 for v in (count, total, longest)), args
+    assert longest <= total and (count == 0) == (total == 0), args
+
+
 def check_well_formed(model: TraceModel) -> None:
     """Every slice closed, one known category each, children inside their parents."""
     by_id = {s.id: s for s in model.slices}
@@ -176,6 +185,7 @@ def check_runner_trace(
     loop = rt.loop_slices
     roots = [s for s in loop if s.depth == 0]
     assert [s.name for s in roots] == [L.SLICE_EXECUTION]
+    check_driver_gc_totals(roots[0].args)
     by_id = {s.id: s for s in loop}
     waves = [s for s in loop if s.depth == 1]
     assert waves and {s.name for s in waves} == {L.SLICE_WAVE}

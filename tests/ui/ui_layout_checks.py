@@ -50,6 +50,11 @@ def check_runner_layout(run: UiRun, model: TraceModel, stages: dict[str, int]) -
     loop, *counters = scheduler.children
     assert (loop.name, loop.renderer) == (L.DISPATCH_LOOP_THREAD, SLICES), where
     assert loop.slice_names[L.SLICE_EXECUTION] == 1 and loop.slice_names[L.SLICE_WAVE] >= 1
+    # Under the loop, only the driver's long GC pauses, when it had any (of 1 ms or more).
+    assert [c.name for c in loop.children] in ([], [L.DRIVER_GC_TRACK]), (loop.names, where)
+    for pauses in loop.children:
+        assert pauses.renderer == SLICES and not pauses.children, where
+        assert all(n.startswith(L.SLICE_GC_PREFIX) for n in pauses.slice_names), where
     assert [c.name for c in counters] == [n for n in SCHEDULER_COUNTERS if n in scheduler.names]
     assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= set(scheduler.names), where
     assert all(c.renderer == COUNTER and not c.children for c in counters), where

@@ -19,6 +19,8 @@ from tracer.cli._output import (
     sparkline,
 )
 from tracer.query import is_missing, records
+from tracer.ray import layout as L
+from tracer.ray.driver_gc import MIN_PAUSE_NS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -196,6 +198,9 @@ def render(
             style,
         )
     )
+    gc_line = _driver_gc(info, span, style)
+    if gc_line:
+        parts[-1] += "\n" + gc_line
     parts.append(_workers(util, style))
     return "\n\n".join(parts)
 
@@ -220,6 +225,32 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
     if dropped:
         line += f" ({fmt_count(dropped, style)} events dropped by Ray's caps)"
     return header + "\n" + (style.dim(line) if not missing else line)
+
+
+#: The driver's GC time, as a share of the loop's, from which the summary says what to do.
+GC_SHARE_HINT = 0.05
+
+
+def _driver_gc(info: dict[str, Any], span: int, style: Style) -> str | None:
+    """The driver's Python GC during the run: it holds the GIL, so the loop stood still."""
+    count = info.get(L.ARG_DRIVER_GC_COLLECTIONS)
+    total = info.get(L.ARG_DRIVER_GC_NS)
+    if count is None or total is None:
+        return None  # level 0, or a trace written before the driver's GC was recorded
+    line = f"The driver's Python GC: {fmt_count(count, style)} collections, "
+    line += f"{fmt_dur(total, style)} in all"
+    if span:
+        line += f" ({fmt_share(total / span, style)} of the loop's time)"
+    longest = info.get(L.ARG_DRIVER_GC_LONGEST_NS)
+    if longest:
+        line += f", the longest {fmt_dur(longest, style)}"
+    line += f"; those of {fmt_dur(MIN_PAUSE_NS, style)} or more are on the "
+    line += f"'{L.DRIVER_GC_TRACK}' track"
+    if span and total >= GC_SHARE_HINT * span:
+        # What a user can do about it, where it matters.
+        line += (" (a collection holds the GIL and the loop waits; gc.freeze() after "
+                 "building long-lived objects keeps full collections from walking them)")
+    return line if longest and longest >= MIN_PAUSE_NS else style.dim(line)
 
 
 def _workers(util: pd.DataFrame, style: Style) -> str:

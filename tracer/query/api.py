@@ -177,7 +177,9 @@ class TraceQuery:
         trace says of Ray's events: ``ray_events_source`` (where they were read:
         ``gcs``, ``dashboard``, ``all`` or ``none``), ``ray_events_missing``
         (executions without them), ``ray_events_dropped`` (events Ray says it
-        dropped). Each None when the trace does not say.
+        dropped); and the driver's Python GC while the run was traced:
+        ``driver_gc_collections``, ``driver_gc_ns`` (their time in all),
+        ``driver_gc_longest_ns``. Each None when the trace does not say.
 
         Read from the dispatch loop's ``execution`` slice and its ``Ray's
         events read`` instant (the first ones, if the trace holds several).

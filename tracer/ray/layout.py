@@ -43,6 +43,14 @@ WORKER_THREAD_PREFIX = "worker"
 #: The y_axis_share_key of a node's memory counters (requested, used): one scale.
 NODE_MEMORY_AXIS = "node memory"
 
+#: Under the dispatch loop's track: the driver's Python garbage collections that
+#: paused it (tracer.ray.driver_gc), each a slice named ``SLICE_GC_PREFIX +
+#: generation`` ("Python GC (generation 2)": a full one), args ARG_GC_*. A
+#: collection holds the GIL: the loop stood still meanwhile, whichever thread
+#: set it off. Declared at the first such pause.
+DRIVER_GC_TRACK = "Python GC (driver)"
+SLICE_GC_PREFIX = "Python GC (generation "
+
 #: Under a worker's track: Ray's phases of each task the worker ran (a slice
 #: named ``RAY_TASK_PREFIX + Ray's task name`` with the phases nested in it).
 #: A track of its own, not nested in the execution slice: Ray deserializes the
@@ -209,6 +217,21 @@ ARG_RAY_EVENTS_SOURCE = "ray_events_source"
 #: On the same instant: executions that were to be drawn from Ray's events (level 1
 #: without a return channel) and were not, their events never having come.
 ARG_EXECUTIONS_MISSING = "executions_missing"
+
+# The driver's Python GC. On a GC slice: what the collection found, and the
+# thread whose allocation set it off.
+ARG_GC_GENERATION = "generation"
+ARG_GC_COLLECTED = "collected"
+ARG_GC_UNCOLLECTABLE = "uncollectable"
+ARG_GC_THREAD = "thread"
+#: On the run's ``execution`` slice (END): every collection of the driver's
+#: Python GC while the run was traced, however short, their time in all, the
+#: longest, and long pauses not drawn (more than tracer.ray.driver_gc.MAX_KEPT
+#: between two flushes).
+ARG_DRIVER_GC_COLLECTIONS = "driver_gc_collections"
+ARG_DRIVER_GC_NS = "driver_gc_ns"
+ARG_DRIVER_GC_LONGEST_NS = "driver_gc_longest_ns"
+ARG_DRIVER_GC_DROPPED = "driver_gc_dropped"
 
 # Memory annotations (bytes). On execution slices:
 #: What the task asked Ray for (``memory=``); 0 means no request.

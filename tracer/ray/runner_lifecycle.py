@@ -76,6 +76,7 @@ class LifecycleCalls:
             return
         self._disabled = self._failed = True
         self._flusher.stop()
+        self._timeline.stop_driver_gc()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "
             "the run continues untraced; the trace so far is in %s",
@@ -111,6 +112,7 @@ class LifecycleCalls:
             with self._lock:
                 if self._disabled or self._closed:
                     return
+                self._timeline.draw_driver_gc()
                 self.writer.detach()
             self.writer.write_detached()
             self._flusher.last_flush = time.monotonic()

@@ -128,6 +128,7 @@ class ExecutionTracer:
             writer.flush()
         except BaseException:
             self._disabled = True  # the hooks already in place do nothing, then go
+            self._timeline.stop_driver_gc()
             self._release()
             raise
         self._flusher = Flusher(self.flush, f"tracer-flush-{self.execution_id}")
@@ -152,6 +153,7 @@ class ExecutionTracer:
             self._disabled = True
         if self._flusher is not None:
             self._flusher.stop()
+        self._timeline.stop_driver_gc()
         self._release()
         logger.warning(
             "tracer: tracing stopped for Ray Data execution %s after an error (%s: %s); "
@@ -396,6 +398,7 @@ class ExecutionTracer:
             with self._lock:
                 if self._disabled or self._closed:
                     return
+                self._timeline.draw_driver_gc()
                 self.writer.detach()
             self.writer.write_detached()
             if self._flusher is not None:

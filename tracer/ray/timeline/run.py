@@ -27,7 +27,11 @@ What it draws, under one **Run** root track per run and in this order
   is reused only by a task created after the last one on it ended;
 * **Stages** with their arrows, from each task's launch (:mod:`.stages`);
 * **nodes and workers** with their executions and memory counters
-  (:mod:`.nodes`, :mod:`.memory`).
+  (:mod:`.nodes`, :mod:`.memory`);
+* under the dispatch loop, the driver's **Python GC** pauses of 1 ms or more
+  (:mod:`tracer.ray.driver_gc`: a collection holds the GIL, so the loop stood
+  still meanwhile), drawn at each flush (:meth:`RunTimeline.draw_driver_gc`),
+  and every collection's count and time on the run's slice.
 
 All are plain tracks: the UI appends a process's pid and a thread's tid to
 its name, and a node's or a worker's would be synthetic (worker pids repeat
@@ -43,11 +47,13 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from tracer.format import CounterTrack, TraceWriter, Track
 from tracer.ray import layout as L
+from tracer.ray.driver_gc import DriverGC
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.timeline.awaited import Awaited, measurements
@@ -125,7 +131,11 @@ class RunTimeline:
         cluster_resources: dict[str, float] | None = None,
         loop_pid: int | None = None,
         loop_tid: int | None = None,
+        driver_gc: bool = True,
     ) -> None:
+        """``driver_gc``: record the driver's Python GC while the run is open
+        (:meth:`draw_driver_gc`); a producer whose loop runs in another process
+        than the timeline says False."""
         self.writer = w = writer
         self.execution_id = execution_id
         self.level = level
@@ -184,6 +194,14 @@ class RunTimeline:
         self._stage_inflight: dict[Any, CounterTrack] = {}
         self._avail_object_store: CounterTrack | None = None
         self._object_store_used: CounterTrack | None = None
+        # The driver's Python GC (see tracer.ray.driver_gc): its track declared at the
+        # first long pause; recording stops at the run's end, or when the timeline goes.
+        self._gc: DriverGC | None = None
+        self._gc_track: Track | None = None
+        if driver_gc:
+            self._gc = DriverGC()
+            self._gc.start()
+            weakref.finalize(self, self._gc.stop)
 
         totals = cluster_resources or {}
         self._total_cpus = float(totals.get("CPU", 0.0))
@@ -277,6 +295,59 @@ class RunTimeline:
                 L.COUNTER_OBJECT_STORE_USED, parent=self.scheduler, unit="bytes"
             )
         self.writer.counter(track, int(nbytes))
+
+    def draw_driver_gc(self) -> None:
+        """Draw the driver's long GC pauses recorded since the last call (at each flush).
+
+        On a track of their own under the loop: a pause may begin inside one of
+        the loop's slices and end after it in the same microsecond, which would
+        break their nesting on one track.
+        """
+        gc_ = self._gc
+        if gc_ is None:
+            return
+        pauses = gc_.take()
+        if not pauses:
+            return
+        w = self.writer
+        track = self._gc_track
+        if track is None:
+            track = self._gc_track = w.track(
+                L.DRIVER_GC_TRACK, parent=self.loop, merge=False,
+                description="Collections of the driver's Python garbage collector that "
+                f"took {gc_.min_pause_ns / 1e6:g} ms or more: it holds the GIL, so the "
+                "dispatch loop stood still meanwhile, whichever thread set it off",
+            )
+        with self.late_batch():
+            for p in pauses:
+                w.complete(
+                    track, f"{L.SLICE_GC_PREFIX}{p.generation})", p.start_ns, p.end_ns,
+                    category=L.CAT_SCHEDULER,
+                    args={L.ARG_GC_GENERATION: p.generation, L.ARG_GC_COLLECTED: p.collected,
+                          L.ARG_GC_UNCOLLECTABLE: p.uncollectable, L.ARG_GC_THREAD: p.thread},
+                )
+
+    def stop_driver_gc(self) -> None:
+        """Stop recording the driver's GC (tracing stopped after an error; the run's end
+        does it itself)."""
+        if self._gc is not None:
+            self._gc.stop()
+
+    def _driver_gc_args(self) -> dict[str, int]:
+        """The run's GC totals (on its slice's END), the last pauses drawn; recording stops."""
+        gc_ = self._gc
+        if gc_ is None:
+            return {}
+        gc_.stop()
+        self.draw_driver_gc()
+        args = {
+            L.ARG_DRIVER_GC_COLLECTIONS: gc_.collections,
+            L.ARG_DRIVER_GC_NS: gc_.total_ns,
+            L.ARG_DRIVER_GC_LONGEST_NS: gc_.longest_ns,
+        }
+        if gc_.dropped:
+            args[L.ARG_DRIVER_GC_DROPPED] = gc_.dropped
+        return args
 
     def lost(self, task_id: str, why: str) -> None:
         """A task's measurements will never arrive (counted on the execution slice at the end)."""
@@ -587,6 +658,7 @@ class RunTimeline:
         """The end of the run's slice at ``ts`` (now if None), with ``lost_measurements``
         and ``args``."""
         end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
+        end_args.update(self._driver_gc_args())
         self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
 
     def ray_events_read(self, ts: int | None, source: str | None = None) -> None:
