@@ -12,8 +12,9 @@ What it costs: a callback at the start and end of every collection
 (``gc.callbacks``), ~1.9 µs a collection against 0.07 for a young collection
 without it, of which 1.2 is what any callback costs (Python builds its info
 dict for each call); measured on a loaded machine, 20,000 young collections,
-7 runs. A level-1 driver of 2000 no-op tasks runs ~100-200 collections: ~0.2
-µs a task. Only a pause of at least ``min_pause_ns`` becomes a slice.
+7 runs. A level-1 driver of 2000 no-op tasks runs ~90-200 collections (93,
+6.7 ms in all, in a run after a warm-up): ~0.1-0.2 µs a task. Only a pause of
+at least ``min_pause_ns`` becomes a slice.
 
 The callback runs in whichever thread allocated, possibly inside the
 tracer's own calls under its lock, or inside the C encoder: it takes no
