@@ -87,10 +87,6 @@ class DriverGC:
                 gc.callbacks.remove(self._callback)
             self._start_perf = 0
 
-    @property
-    def recording(self) -> bool:
-        return self._started
-
     def take(self) -> list[GcPause]:
         """The long pauses recorded since the last take, oldest first."""
         pauses = self._pauses
