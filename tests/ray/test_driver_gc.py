@@ -164,6 +164,13 @@ def test_the_recorder_keeps_a_bounded_number_of_pauses() -> None:
     assert rec.take() == []  # stopped: nothing more
 
 
+@pytest.mark.parametrize(("option", "value"), [
+    ("min_pause_ns", -1), ("min_pause_ns", 1.5), ("max_kept", 0), ("max_kept", True)])
+def test_the_recorder_refuses_bad_options(option: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=option):
+        DriverGC(**{option: value})
+
+
 def test_a_discarded_timeline_stops_recording(tmp_path: Path) -> None:
     """A producer that never ends its run (its tracing failed) leaves no callback behind."""
     callbacks = list(gc.callbacks)

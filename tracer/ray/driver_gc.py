@@ -62,6 +62,9 @@ class DriverGC:
     """
 
     def __init__(self, min_pause_ns: int = MIN_PAUSE_NS, max_kept: int = MAX_KEPT) -> None:
+        for name, value, least in (("min_pause_ns", min_pause_ns, 0), ("max_kept", max_kept, 1)):
+            if value.__class__ is bool or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.min_pause_ns = min_pause_ns
         self._pauses: deque[GcPause] = deque(maxlen=max_kept)
         #: Every collection since :meth:`start`, however short, and their time in all.
