@@ -164,6 +164,19 @@ def test_the_recorder_keeps_a_bounded_number_of_pauses() -> None:
     assert rec.take() == []  # stopped: nothing more
 
 
+def test_the_callback_never_raises() -> None:
+    """Python prints what a gc callback raises, at every collection: it must not raise, even
+    on an info it cannot read."""
+    rec = DriverGC(min_pause_ns=0)
+    rec._callback("start", {})
+    rec._callback("stop", {"generation": "not a number"})  # the pause is not kept ...
+    assert rec.take() == []
+    rec._callback("start", {})
+    rec._callback("stop", {"generation": 1, "collected": 2, "uncollectable": 0})  # ... this is
+    (pause,) = rec.take()
+    assert (pause.generation, pause.collected) == (1, 2)
+
+
 @pytest.mark.parametrize(("option", "value"), [
     ("min_pause_ns", -1), ("min_pause_ns", 1.5), ("max_kept", 0), ("max_kept", True)])
 def test_the_recorder_refuses_bad_options(option: str, value: Any) -> None:

@@ -104,10 +104,10 @@ class DriverGC:
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         # Runs twice per collection, young ones included: the start only reads a clock.
         # Never raises: an exception here would be printed by Python at every collection.
-        if phase == "start":
-            self._start_perf = _perf_ns()
-            return
         try:
+            if phase == "start":
+                self._start_perf = _perf_ns()
+                return
             begun = self._start_perf
             if not begun:  # started recording mid-collection
                 return
@@ -127,7 +127,7 @@ class DriverGC:
                     int(info.get("collected", 0)), int(info.get("uncollectable", 0)),
                     threading.current_thread().name,
                 ))
-        except Exception:  # pragma: no cover - a dict or a clock gone strange
+        except Exception:  # pragma: no cover - a dict or a clock gone strange, a shutdown
             self._start_perf = 0
 
 
