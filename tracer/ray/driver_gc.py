@@ -95,10 +95,7 @@ class DriverGC:
         pauses = self._pauses
         out: list[GcPause] = []
         while pauses:  # popleft, not a copy and clear: the callback may append meanwhile
-            try:
-                out.append(pauses.popleft())
-            except IndexError:
-                break
+            out.append(pauses.popleft())
         return out
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
