@@ -2,11 +2,14 @@
 
 :class:`TraceWriter` writes; :func:`read_trace` reads a whole trace into a
 :class:`TraceModel`; :func:`scan_trace` hands the same events to a
-:class:`TraceVisitor` one at a time, for traces too big to hold.
+:class:`TraceVisitor` one at a time, for traces too big to hold;
+:func:`check_framing` says whether a file is whole without decoding it.
+Each reads gzip-compressed traces too.
 
 It knows nothing of Ray; everything else in tracer writes through it.
 """
 
+from tracer.format.integrity import Framing, check_framing
 from tracer.format.model import (
     CounterSample,
     Flow,
@@ -45,6 +48,7 @@ __all__ = [
     "CounterTrack",
     "CounterUnit",
     "Flow",
+    "Framing",
     "Instant",
     "Problem",
     "ProblemKind",
@@ -58,6 +62,7 @@ __all__ = [
     "Track",
     "TrackInfo",
     "TrackKind",
+    "check_framing",
     "read_trace",
     "scan_trace",
 ]

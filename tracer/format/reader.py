@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 from tracer.errors import TraceReadError
 from tracer.format._framing import Where
+from tracer.format._gunzip import GZIP_MAGIC, Gunzip
 from tracer.format._tokenizer import _BEGIN, _END, _Tokenizer
 from tracer.format.model import CounterSample, Flow, Instant, Slice, TraceModel
 
@@ -141,7 +142,18 @@ def read_source(
             raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
         with f:
             try:
-                reader.read_file(f)
+                # peek, not read: a pipe cannot seek back
+                if f.peek(2)[:2] == GZIP_MAGIC:
+                    stream = Gunzip(f, what)
+                    try:
+                        reader.read_file(stream)  # type: ignore[arg-type]
+                    except TraceReadError:
+                        if not stream.cut_before_anything:
+                            raise
+                    if stream.cut:
+                        reader.truncated = True
+                else:
+                    reader.read_file(f)
             except OSError as exc:  # a read error after the open (EIO, a folder...)
                 raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
     reader.finish()
