@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -116,6 +117,58 @@ def test_summary_of_a_trace_cut_inside_its_only_bundle(trace: Path, tmp_path: Pa
     assert "(no tasks in this trace)" in result.stdout
 
 
+@pytest.mark.parametrize("engine", ["reader", "trace_processor"])
+def test_a_cut_trace_is_never_an_all_clear(
+    engine: str, trace: Path, truncated: Path, tmp_path: Path, trace_processor_bin: str
+) -> None:
+    """trace_processor reads a trace cut inside its only bundle as an empty trace, without a
+    word: `memory` would say every task stayed within its request. Every command says it."""
+    data = trace.read_bytes()  # compressed: one bundle, lost whole when cut
+    cut = tmp_path / "cut.perfetto-trace"
+    cut.write_bytes(data[: len(data) // 2])
+    env = {"TRACE_PROCESSOR_PATH": trace_processor_bin}
+    for command in ("summary", "memory"):
+        result = tracer(command, cut, "--engine", engine, env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.startswith("tracer: warning: the trace is cut before its first")
+        assert f"engine {engine}" in result.stdout
+    query = tracer("query", cut, "SELECT COUNT(*) AS n FROM slice", env=env)
+    assert query.returncode == 0, query.stderr
+    assert query.stderr.startswith("tracer: warning: the trace is cut before its first")
+    cut_later = tracer("summary", truncated, "--engine", engine, env=env)  # raw packets, cut
+    assert cut_later.returncode == 0, cut_later.stderr
+    assert "tracer: warning: the trace is truncated" in cut_later.stderr
+    assert "Stages" in cut_later.stdout
+
+
+def test_a_gzipped_trace_reads_in_both_engines(
+    trace: Path, tmp_path: Path, trace_processor_bin: str
+) -> None:
+    import gzip
+
+    packed = tmp_path / "run.perfetto-trace.gz"
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    env = {"TRACE_PROCESSOR_PATH": trace_processor_bin}
+    answers = []
+    for path, engine in ((trace, "reader"), (packed, "reader"), (packed, "trace_processor")):
+        result = tracer("summary", path, "--engine", engine, "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        data = json.loads(result.stdout)
+        answers.append((data["run"], data["stages"]))
+    assert answers[0] == answers[1] == answers[2]
+    cut = tmp_path / "cut.perfetto-trace.gz"  # a copy cut short: a truncated trace
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    for engine in ("reader", "auto"):  # auto: trace_processor cannot, the reader can
+        result = tracer("summary", cut, "--engine", engine, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "the trace is cut before its first complete packet" in result.stderr
+    assert_one_line_error(  # the engine asked for by name says why it cannot
+        tracer("summary", cut, "--engine", "trace_processor", env=env),
+        "trace_processor could not read", "the trace is cut before its first complete packet",
+    )
+
+
 def test_summary_of_a_trace_that_is_not_a_runners(tmp_path: Path) -> None:
     from tracer.format import TraceWriter
 
@@ -127,6 +180,9 @@ def test_summary_of_a_trace_that_is_not_a_runners(tmp_path: Path) -> None:
     result = tracer("summary", path)
     assert result.returncode == 0, result.stderr
     assert "was it written by tracer.ray?" in result.stderr
+    memory = tracer("memory", path)  # no tasks is not "every task stayed within its request"
+    assert memory.returncode == 0, memory.stderr
+    assert "was it written by tracer.ray?" in memory.stderr
 
 
 def test_summary_with_trace_processor_but_no_binary(trace: Path, tmp_path: Path) -> None:
@@ -321,6 +377,103 @@ def test_query_formats(trace: Path, tp_bin: str) -> None:
     assert_one_line_error(bad, "query failed", "no_such_table")
 
 
+def test_query_keeps_columns_that_share_a_name(trace: Path, tp_bin: str) -> None:
+    """SQL lets two result columns share a name (a join's two `name`s): no output drops
+    one; blobs and infinities, which JSON has no value for, are written, not a traceback."""
+    sql = ("SELECT 'a' AS name, 'b' AS name, x'00ff' AS blob, 1e308 * 10 AS big, "
+           "-1e308 * 10 AS small")
+    env = {"TRACE_PROCESSOR_PATH": tp_bin}
+    table = tracer("query", trace, sql, env=env)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["name", "name", "blob", "big", "small"]
+    assert lines[2].split() == ["a", "b", "00ff", "inf", "-inf"]
+    csv = tracer("query", trace, sql, "--csv", env=env)
+    assert csv.stdout.splitlines() == ["name,name,blob,big,small", "a,b,00ff,inf,-inf"]
+    js = tracer("query", trace, sql, "--json", env=env)
+    assert js.returncode == 0, js.stderr
+    assert json.loads(js.stdout) == [
+        {"name": "a", "name.1": "b", "blob": "00ff", "big": "inf", "small": "-inf"}]
+    joined = tracer(  # the case users meet: a slice's name and its track's
+        "query", trace,
+        "SELECT s.name, t.name FROM slice s JOIN track t ON t.id = s.track_id "
+        "WHERE s.category = 'execution' LIMIT 1", "--json", env=env,
+    )
+    (row,) = json.loads(joined.stdout)
+    assert row["name"] in ("nap", "grow") and row["name.1"].startswith("worker ")
+
+
+def test_records_keep_every_column() -> None:
+    import pandas as pd
+
+    from tracer.query import unique_names
+
+    assert unique_names(["name", "name.1", "name", "x", "name"]) == [
+        "name", "name.1", "name.2", "x", "name.3"]
+    frame = pd.DataFrame([[1, 2, 3]], columns=["a", "a", "b"])
+    assert records(frame) == [{"a": 1, "a.1": 2, "b": 3}]
+
+
+_LONG_SQL = (
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000000) "
+    "SELECT COUNT(*) FROM c"
+)
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        kids.extend(int(k) for k in text)
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_sigterm_stops_the_trace_processor_it_started(trace: Path, tp_bin: str) -> None:
+    """`timeout`, `kill` or a cancelled CI job send SIGTERM: the command unwinds as for
+    Ctrl-C, and the trace_processor it started does not run on alone (a query can hold
+    gigabytes)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracer", "query", str(trace), _LONG_SQL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "TRACE_PROCESSOR_PATH": tp_bin},
+    )
+    shells: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not shells and time.monotonic() < deadline:
+            shells = [k for k in _children(proc.pid)
+                      if "trace_processor" in Path(f"/proc/{k}/cmdline").read_text()]
+            time.sleep(0.1)
+        assert shells, "trace_processor did not start"
+        time.sleep(1.0)  # the query is running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 20
+        while any(_alive(k) for k in shells) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(k) for k in shells), "trace_processor outlived tracer"
+        _, err = proc.communicate(timeout=10)
+        assert "Traceback" not in err
+    finally:
+        proc.kill()
+        for k in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(k, signal.SIGKILL)
+        proc.wait()
+
+
 # -------------------------------------------------------------------- errors
 
 
@@ -333,6 +486,9 @@ def test_bad_trace_files(command: str, tmp_path: Path) -> None:
     text = tmp_path / "notes.txt"
     text.write_text("hello, not a trace\n")
     assert_one_line_error(tracer(command, text, *extra), "not a Perfetto protobuf trace")
+    chrome = tmp_path / "chrome.perfetto-trace"
+    chrome.write_text('[{"ph": "X", "name": "a", "ts": 1, "dur": 2}]')
+    assert_one_line_error(tracer(command, chrome, *extra), "looks like JSON")
     assert_one_line_error(tracer(command, tmp_path, *extra), "not a file")
     empty = tmp_path / "empty.perfetto-trace"
     empty.write_bytes(b"")
@@ -345,6 +501,9 @@ def test_usage_errors_exit_2(trace: Path) -> None:
     bad = tracer("summary", trace, "--buckets", "0")
     assert bad.returncode == 2
     assert "must be at least 1" in bad.stderr
+    huge = tracer("summary", trace, "--buckets", "10001")  # gigabytes to compute, not an answer
+    assert huge.returncode == 2
+    assert "must be at most 10000" in huge.stderr
     assert tracer("summary", trace, "--engine", "sqlite").returncode == 2
 
 

@@ -153,7 +153,9 @@ def test_events_split_across_chunks_parse_whole(
     [
         ("", "the end of the file"),
         ("hello", "not a Chrome trace JSON"),
-        ('[{"ph": "X", "ts": 1,', "invalid JSON"),
+        ('[{"ph": "X", "ts": 1,', "the file ends in the middle of an event"),
+        ('[{"ph": "X", "name": "cut', "the file ends in the middle of an event"),
+        ('[{"ph": "X", "ts": 1,}, {"ph": "X"}]', "invalid JSON"),
         ('[{"ph": "X"} {"ph": "X"}]', "expected ',' or ']'"),
         ("[1, 2]", "not a JSON object"),
         ('{"metadata": {}}', "no 'traceEvents'"),
@@ -173,6 +175,24 @@ def test_missing_folder_and_self_overwrite_are_errors(tmp_path: Path) -> None:
     src = tmp_path / "t.json"
     src.write_text("[]")
     assert_one_line_error(tracer("convert", src, "-o", src), "overwrite the input")
+    link = tmp_path / "hard.out"  # another name for the same file
+    link.hardlink_to(src)
+    assert_one_line_error(tracer("convert", src, "-o", link), "overwrite the input")
+    assert src.read_text() == "[]"  # untouched
+    assert_one_line_error(tracer("convert", src, "-o", f"{tmp_path / 'nofolder'}/"),
+                          "no such folder")
+    assert not (tmp_path / "nofolder").exists()
+
+
+def test_output_into_a_folder_takes_the_default_name(tmp_path: Path) -> None:
+    src = tmp_path / "timeline.json"
+    src.write_text(json.dumps([{"ph": "X", "name": "task", "pid": 1, "tid": 2, "ts": 5,
+                                "dur": 3}]))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    result = tracer("convert", src, "-o", folder)
+    assert result.returncode == 0, result.stderr
+    assert len(read_trace(folder / "timeline.perfetto-trace").slices) == 1
 
 
 def test_events_it_cannot_place_are_skipped_and_counted(tmp_path: Path) -> None:

@@ -217,8 +217,10 @@ def test_auto_says_why_a_named_binary_is_unusable(
     cases = [
         ("env", str(tmp_path / "missing"), "TRACE_PROCESSOR_PATH=", "no such file"),
         ("env", str(plain), "TRACE_PROCESSOR_PATH=", "not an executable"),
-        ("explicit", str(tmp_path / "missing"), "trace_processor_path=", "no such file"),
-        ("explicit", str(plain), "trace_processor_path=", "not an executable"),
+        ("env", str(tmp_path), "TRACE_PROCESSOR_PATH=", "is a folder, not the"),
+        ("explicit", str(tmp_path / "missing"), "trace_processor binary ", "no such file"),
+        ("explicit", str(plain), "trace_processor binary ", "not an executable"),
+        ("explicit", str(tmp_path), "trace_processor binary ", "is a folder, not the"),
     ]
     for where, value, named, why in cases:
         if where == "env":
@@ -242,3 +244,31 @@ def test_auto_says_why_a_named_binary_is_unusable(
         quiet = TraceQuery(synthetic, QueryConfig(engine="auto"))
         assert quiet.engine == "reader"
         assert quiet.warnings() == own
+
+
+def test_misuse_of_the_api_is_named(synthetic: Path) -> None:
+    """`TraceQuery(path, "reader")` and `node_memory="64 GiB"` read naturally: the first
+    says what to pass instead, the second is taken as `--node-memory` takes it."""
+    from tracer.errors import InvalidArgumentTypeError
+
+    with pytest.raises(InvalidArgumentTypeError, match=r"QueryConfig\(engine='reader'\)"):
+        TraceQuery(synthetic, "reader")  # type: ignore[arg-type]
+    with TraceQuery(synthetic, READER) as q:
+        by_text = q.memory_suggestions(node_memory="64 GiB")
+        assert by_text.equals(q.memory_suggestions(node_memory=64 << 30))
+        assert set(by_text["node_memory_bytes"]) == {64 << 30}
+        for bad in (1.5, "64 parsecs", 0, -1, True):
+            with pytest.raises(ValueError, match="node_memory"):
+                q.memory_suggestions(node_memory=bad)  # type: ignore[arg-type]
+
+
+def test_buckets_are_bounded(synthetic: Path) -> None:
+    """Millions of buckets take gigabytes to compute: both engines refuse them, by name."""
+    from tracer.query.sql import MAX_BUCKETS
+
+    with TraceQuery(synthetic, READER) as q:
+        assert len(q.worker_utilisation(MAX_BUCKETS)) > 0
+        with pytest.raises(ValueError, match=f"at most {MAX_BUCKETS}"):
+            q.worker_utilisation(MAX_BUCKETS + 1)
+    with pytest.raises(ValueError, match=f"at most {MAX_BUCKETS}"):
+        worker_utilisation_sql(MAX_BUCKETS + 1)

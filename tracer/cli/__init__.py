@@ -16,15 +16,41 @@ usage errors exit 2 (argparse).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
 
 from tracer.cli import convert, memory, open_trace, query, summary
 from tracer.cli._common import error
 from tracer.errors import TracerError
 
 __all__ = ["build_parser", "main"]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a CI job cancelled), raised where the command is
+    so that it unwinds like Ctrl-C: a trace_processor it started is stopped, not left
+    running on its own (it gets Ctrl-C's SIGINT from the terminal, not our SIGTERM)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; the caller owns signals then
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 _COMMANDS = (summary, memory, query, open_trace, convert)
 
@@ -42,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    """Run the command line; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted,
+    143 terminated by SIGTERM)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if sys.stdout is None:
@@ -51,11 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         error("standard output is closed: there is nowhere to write the answer")
         return 1
     try:
-        status = args.run(args)
+        with _sigterm_unwinds():
+            status = args.run(args)
         sys.stdout.flush()
         return int(status or 0)
     except TracerError as exc:
         error(str(exc))
+    except _Terminated:
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

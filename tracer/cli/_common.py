@@ -13,7 +13,10 @@ from tracer.query import ENGINES, QueryConfig
 if TYPE_CHECKING:
     from tracer.query import TraceQuery
 
-__all__ = ["add_trace_args", "error", "non_negative_int", "open_query", "positive_int", "warn"]
+__all__ = [
+    "add_trace_args", "bucket_count", "error", "non_negative_int", "open_query", "positive_int",
+    "warn",
+]
 
 
 def error(message: str) -> None:
@@ -24,14 +27,23 @@ def warn(message: str) -> None:
     print(f"tracer: warning: {message}", file=sys.stderr)
 
 
-def _int_at_least(text: str, least: int) -> int:
+def _int_at_least(text: str, least: int, most: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    if most is not None and value > most:
+        raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
     return value
+
+
+def bucket_count(text: str) -> int:
+    """``--buckets``: 1 to :data:`tracer.query.sql.MAX_BUCKETS`."""
+    from tracer.query.sql import MAX_BUCKETS
+
+    return _int_at_least(text, 1, MAX_BUCKETS)
 
 
 def positive_int(text: str) -> int:

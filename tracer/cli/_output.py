@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tracer.query import is_missing, records
+from tracer.query import is_missing, records, unique_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -174,18 +174,24 @@ def render_table(
 
 
 def render_frame(frame: pd.DataFrame, style: Style) -> str:
-    """Any query result as a table (values as they are, left-aligned text)."""
+    """Any query result as a table (values as they are, left-aligned text).
+
+    The headers are the result's own, duplicates included; the rows are
+    keyed by :func:`~tracer.query.unique_names`, so no column hides another.
+    """
     import pandas as pd
 
     rows = records(frame)
+    keys = unique_names(list(frame.columns))
     columns = [
-        Column(str(name), str(name), right=pd.api.types.is_numeric_dtype(frame[name]))
-        for name in frame.columns
+        Column(str(name), key, right=pd.api.types.is_numeric_dtype(frame.iloc[:, i]))
+        for i, (name, key) in enumerate(zip(frame.columns, keys, strict=True))
     ]
     return render_table(None, columns, rows, style, empty="(no rows)")
 
 
 def render_csv(frame: pd.DataFrame) -> str:
+    """The result as CSV: its own headers (duplicates included), every column's values."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([str(c) for c in frame.columns])
@@ -195,8 +201,11 @@ def render_csv(frame: pd.DataFrame) -> str:
 
 
 def print_json(data: Any, stream: TextIO | None = None) -> None:
+    """``data`` as JSON, written only once all of it could be encoded (no half a document
+    on stdout before an error)."""
+    text = json.dumps(data, indent=2, allow_nan=False, default=_json_default)
     out = stream or sys.stdout
-    json.dump(data, out, indent=2, allow_nan=False, default=_json_default)
+    out.write(text)
     out.write("\n")
 
 

@@ -84,6 +84,11 @@ class _Stream:
                 # or MAX_EVENT_CHARS (then it is wrong).
                 if len(self.buf) - self.pos < MAX_EVENT_CHARS and self.more():
                     continue
+                if self.eof and _ends_inside(self.buf, exc):
+                    self.fail(
+                        "the file ends in the middle of an event (cut short while being "
+                        "written or copied?)", self.offset + self.pos,
+                    )
                 self.fail(f"invalid JSON: {exc.msg}", self.offset + exc.pos)
             if end == len(self.buf) and not self.eof and self.more():
                 continue  # a number may go on in the next chunk: parse it again whole
@@ -93,6 +98,15 @@ class _Stream:
     def fail(self, message: str, at: int | None = None) -> None:
         where = self.offset + self.pos if at is None else at
         raise ChromeJsonError(f"{self.name}: {message} (at character {where})")
+
+
+def _ends_inside(buf: str, exc: json.JSONDecodeError) -> bool:
+    """Whether the decoder failed because the text stopped, not because it is wrong."""
+    end = len(buf.rstrip())
+    if exc.pos >= end:
+        return True  # it wanted more: a value, a delimiter, a name
+    # A string that runs to the end of the file.
+    return exc.msg.startswith("Unterminated string") and '"' not in buf[exc.pos + 1 : end]
 
 
 def _show(char: str) -> str:

@@ -20,6 +20,7 @@ nodes and workers, and the few events of one task at a time.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,24 +62,41 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("json", metavar="TIMELINE", help="the Chrome JSON file")
     parser.add_argument(
         "-o", "--output", metavar="TRACE",
-        help="the trace to write (default: TIMELINE with .perfetto-trace for .json)",
+        help="the trace to write, or a folder to write it in (default: TIMELINE with "
+        ".perfetto-trace for .json)",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     source = Path(args.json)
-    out = Path(args.output) if args.output else source.with_suffix(".perfetto-trace")
-    if out.resolve() == source.resolve():
-        raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
+    default_name = source.with_suffix(".perfetto-trace").name
+    if args.output is None:
+        out = source.with_suffix(".perfetto-trace")
+    elif Path(args.output).is_dir():
+        out = Path(args.output) / default_name  # -o FOLDER: the default name, in it
+    elif args.output.endswith(("/", os.sep)):
+        raise ChromeJsonError(f"{args.output}: no such folder")
+    else:
+        out = Path(args.output)
     if source.is_dir():
         raise ChromeJsonError(f"{source}: is a folder, not a JSON file")
+    if out.resolve() == source.resolve() or _same_file(out, source):
+        raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
     stats = convert(source, out)
     if stats.skipped:
         warn(f"{stats.skipped} event(s) skipped: not complete ('X') events with a time")
     print(f"{out}: {stats.tasks} task(s), {stats.slices} slice(s) on {stats.workers} "
           f"thread(s) of {stats.nodes} node(s)", file=sys.stdout)
     return 0
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (a hard link to it included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False  # one of them does not exist (yet)
 
 
 class Stats:

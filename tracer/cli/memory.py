@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tracer.cli._common import add_trace_args, non_negative_int, open_query
+from tracer.cli._common import add_trace_args, non_negative_int, open_query, warn
 from tracer.cli._output import (
     Column,
     Style,
@@ -44,7 +44,8 @@ def add_parser(commands: Any) -> None:
     add_trace_args(parser)
     parser.add_argument(
         "--limit", type=non_negative_int, default=20,
-        help="flagged tasks to list on a terminal, worst first (default 20; 0: all)",
+        help="flagged tasks to list in the table, worst first (default 20; 0: all; --json "
+        "lists all)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) for machines")
     parser.add_argument(
@@ -88,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
     headroom = DEFAULT_HEADROOM if args.headroom is None else args.headroom
     suggest = args.suggest or args.headroom is not None or args.node_memory is not None
     with open_query(args) as q:
+        if (
+            q.memory_by_stage().empty
+            and q.run_info()["execution_id"] is None
+            and not q.warnings()
+        ):
+            warn(f"{args.trace} has no tasks and no run: was it written by tracer.ray?")
         if args.json:
             data = {
                 "trace": str(args.trace),

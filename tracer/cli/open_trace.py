@@ -36,7 +36,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from tracer.cli._common import warn
 from tracer.errors import TracerError
-from tracer.query import check_trace_file
+from tracer.query import check_trace_file, framing_warning
 from tracer.ray import layout as L
 
 HELP = "open the trace in the Perfetto UI (serves it once on 127.0.0.1:9001)"
@@ -192,6 +192,9 @@ class _OneFileServer(http.server.HTTPServer):
 
 def run(args: argparse.Namespace) -> int:
     path = check_trace_file(args.trace).resolve()
+    damage = framing_warning(path)
+    if damage is not None:
+        warn(damage)
     try:
         server = _OneFileServer(path)
     except OSError as exc:

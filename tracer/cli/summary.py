@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tracer.cli._common import add_trace_args, open_query, positive_int, warn
+from tracer.cli._common import add_trace_args, bucket_count, open_query, warn
 from tracer.cli._output import (
     Column,
     Style,
@@ -42,8 +42,8 @@ def add_parser(commands: Any) -> None:
     )
     add_trace_args(parser)
     parser.add_argument(
-        "--buckets", type=positive_int, default=20,
-        help="time buckets of the worker timeline (default 20)",
+        "--buckets", type=bucket_count, default=20,
+        help="time buckets of the worker timeline (default 20, at most 10000)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (ns, bytes) for machines")
     parser.set_defaults(run=run)

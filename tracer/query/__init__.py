@@ -28,8 +28,8 @@ default, ``engine="auto"``, uses trace_processor when a binary is found.
 
 from typing import TYPE_CHECKING, Any
 
-from tracer.query.columns import SCHEMAS, is_missing, records, to_frame
-from tracer.query.config import ENGINES, Engine, QueryConfig, check_trace_file
+from tracer.query.columns import SCHEMAS, is_missing, records, to_frame, unique_names
+from tracer.query.config import ENGINES, Engine, QueryConfig, check_trace_file, framing_warning
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import ENV_VAR, find_trace_processor
 from tracer.query.sql import ANALYSES, TABLES, sql_path, sql_text
@@ -68,9 +68,11 @@ __all__ = [
     "TraceQuery",
     "check_trace_file",
     "find_trace_processor",
+    "framing_warning",
     "is_missing",
     "records",
     "sql_path",
     "sql_text",
     "to_frame",
+    "unique_names",
 ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 from tracer.query.collect import PHASES, TraceRows
+from tracer.query.sql import check_buckets
 from tracer.stats import nearest_rank
 
 __all__ = [
@@ -331,8 +332,7 @@ def dispatch_loop(rows: TraceRows) -> list[Row]:
 
 def worker_utilisation(rows: TraceRows, buckets: int = 20) -> list[Row]:
     """``worker_utilisation.sql`` with ``buckets`` buckets."""
-    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
-        raise ValueError(f"buckets must be a positive integer, got {buckets!r}")
+    check_buckets(buckets)
     execs = rows.executions
     start, end = rows.start, rows.end
     if not execs or start is None or end is None:

@@ -12,16 +12,21 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from tracer.errors import TraceReadError
+from tracer.errors import InvalidArgumentTypeError, TraceReadError
 from tracer.format import TraceModel, TraceScan, read_trace
 from tracer.query import analyses
 from tracer.query.collect import RAY_EVENTS_INFO, RUN_INFO, TraceRows, scan_rows
 from tracer.query.columns import records, to_frame
-from tracer.query.config import ENGINES, Engine, QueryConfig, check_trace_file
+from tracer.query.config import (
+    ENGINES,
+    Engine,
+    QueryConfig,
+    check_trace_file,
+    framing_warning,
+)
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.processor import (
     ENV_VAR,
-    NOT_FOUND_HELP,
     find_trace_processor,
     one_line,
     start_trace_processor,
@@ -62,6 +67,11 @@ class TraceQuery:
 
     def __init__(self, trace: str | os.PathLike[str], config: QueryConfig | None = None) -> None:
         self.path = Path(trace)
+        if config is not None and not isinstance(config, QueryConfig):
+            raise InvalidArgumentTypeError(
+                f"config must be a QueryConfig (e.g. QueryConfig(engine='reader')), "
+                f"got {type(config).__name__} {config!r}"
+            )
         self.config = config or QueryConfig()
         _wait_if_finishing(self.path)
         if not self.path.exists():
@@ -74,6 +84,7 @@ class TraceQuery:
         self._scan: TraceScan | None = None
         self._fallback: str | None = None
         self._latency: analyses.Latency | None = None
+        self._warnings: list[str] | None = None
         engine = self.config.engine
         if engine == "auto":
             try:
@@ -85,7 +96,8 @@ class TraceQuery:
                 if self.config.trace_processor_path or os.environ.get(ENV_VAR):
                     # A binary the user named but that cannot be used is a mistake to
                     # report; no binary anywhere is what auto is for, and stays quiet.
-                    self._fallback = str(exc).removesuffix(f"; {NOT_FOUND_HELP}")
+                    # (what is wrong with it, without the advice on getting one)
+                    self._fallback = str(exc).split("; ", 1)[0]
         else:
             self._bin = None
         if engine == "trace_processor":
@@ -126,6 +138,12 @@ class TraceQuery:
                 tp.query(sql_text(TABLES))
             except Exception as exc:
                 tp.close()
+                # A cut gzip file, say, leaves trace_processor without even a slice table.
+                damage = framing_warning(self.path)
+                if damage is not None:
+                    raise TraceProcessorError(
+                        f"trace_processor could not read {self.path}: {damage}"
+                    ) from exc
                 raise TraceProcessorError(
                     f"trace_processor rejected tracer_tables.sql: {one_line(exc)}"
                 ) from exc
@@ -205,11 +223,24 @@ class TraceQuery:
         return {k: info.get(k) for k in (*RUN_INFO, *RAY_EVENTS_INFO)}
 
     def warnings(self) -> list[str]:
-        """What may make the answers incomplete: truncation, unterminated slices, problems."""
+        """What may make the answers incomplete: truncation, unterminated slices, problems.
+
+        Worked out once (the trace does not change); a new list each call.
+        """
+        if self._warnings is None:
+            self._warnings = self._find_warnings()
+        return list(self._warnings)
+
+    def _find_warnings(self) -> list[str]:
         out: list[str] = []
         if self._fallback is not None:
             out.append(f"{self._fallback}; used tracer's reader instead")
         if self.engine == "trace_processor":
+            # trace_processor reads a cut trace without a word (one cut inside its
+            # compressed bundle reads as an empty trace): the framing says it.
+            framing = framing_warning(self.path)
+            if framing is not None:
+                out.append(framing)
             open_slices = self.query("SELECT COUNT(*) AS n FROM slice WHERE dur < 0")["n"].iloc[0]
             if open_slices:
                 out.append(
@@ -305,12 +336,13 @@ class TraceQuery:
         )
 
     def memory_suggestions(
-        self, headroom: float = DEFAULT_HEADROOM, node_memory: int | None = None
+        self, headroom: float = DEFAULT_HEADROOM, node_memory: int | str | None = None
     ) -> pd.DataFrame:
         """Per stage: the ``memory=`` to request (its largest peak x ``headroom``, rounded up
         to a MiB), how many such tasks fit a node, and the change from today's request.
 
-        ``node_memory`` (bytes) is a node's ``memory`` resource; by default the
+        ``node_memory`` (bytes, or a size such as ``"64 GiB"``) is a node's
+        ``memory`` resource; by default the
         cluster's, from the trace, over the nodes that ran tasks. The rule and
         its limits: :mod:`tracer.query.suggest`.
         """

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SCHEMAS", "Kind", "records", "to_frame"]
+__all__ = ["SCHEMAS", "Kind", "records", "to_frame", "unique_names"]
 
 Kind = Literal["int", "float", "str"]
 
@@ -215,21 +215,49 @@ def is_missing(value: Any) -> bool:
         return False
 
 
+def unique_names(columns: Sequence[Any]) -> list[str]:
+    """Column names made unique the way pandas does (``name``, ``name.1``, ...): SQL lets two
+    result columns share a name (``SELECT s.name, t.name``), a dict or JSON object does not."""
+    names: list[str] = []
+    taken = {str(c) for c in columns}
+    seen: dict[str, int] = {}
+    for column in columns:
+        name = str(column)
+        if name in seen:
+            k = seen[name]
+            while f"{name}.{k}" in taken:
+                k += 1
+            seen[name] = k + 1
+            name = f"{name}.{k}"
+            taken.add(name)
+        else:
+            seen[name] = 1
+        names.append(name)
+    return names
+
+
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """A DataFrame as JSON-ready dicts: Python ints, floats and strings, None for missing."""
+    """A DataFrame as JSON-ready dicts: Python ints, floats and strings, None for missing.
+
+    Columns that share a name keep every value: the later ones are keyed
+    ``name.1``, ``name.2`` (:func:`unique_names`). Bytes (an SQL blob) are
+    written as hex, and infinite floats as the strings ``"inf"`` / ``"-inf"``,
+    which JSON has no number for.
+    """
     rows: list[dict[str, Any]] = []
-    columns = list(frame.columns)
+    columns = unique_names(list(frame.columns))
     for values in frame.itertuples(index=False, name=None):
-        row: dict[str, Any] = {}
-        for column, value in zip(columns, values, strict=True):
-            row[str(column)] = _plain(value)
-        rows.append(row)
+        rows.append({column: _plain(value) for column, value in zip(columns, values, strict=True)})
     return rows
 
 
 def _plain(value: Any) -> Any:
     if is_missing(value):
         return None
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        return value.item()  # numpy scalars
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # numpy scalars
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     return value

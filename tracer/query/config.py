@@ -16,7 +16,9 @@ from typing import Literal
 
 from tracer.errors import TraceReadError
 
-__all__ = ["DEFAULT_HEADROOM", "ENGINES", "Engine", "QueryConfig", "check_trace_file"]
+__all__ = [
+    "DEFAULT_HEADROOM", "ENGINES", "Engine", "QueryConfig", "check_trace_file", "framing_warning",
+]
 
 #: How far above the largest measured peak a suggested ``memory=`` request goes
 #: (:func:`tracer.query.suggest.memory_suggestions`).
@@ -64,11 +66,12 @@ class QueryConfig:
 
 
 def check_trace_file(path: str | os.PathLike[str]) -> Path:
-    """A quick check that ``path`` is a readable file that starts like a Perfetto trace.
+    """A quick check that ``path`` is a readable Perfetto trace file (plain or gzip).
 
     For tools that hand the file to something else (trace_processor, the
     Perfetto UI), whose errors are vaguer. Raises
-    :class:`~tracer.errors.TraceReadError`; returns the path.
+    :class:`~tracer.errors.TraceReadError`; returns the path. Whether the
+    file is whole is :func:`framing_warning`'s business.
     """
     path = Path(path)
     if not path.exists():
@@ -83,7 +86,35 @@ def check_trace_file(path: str | os.PathLike[str]) -> Path:
     if not head:
         raise TraceReadError(f"trace file {path} is empty")
     if head[:1] != b"\x0a" and head != b"\x1f\x8b":
-        raise TraceReadError(
+        from tracer.format import check_framing
+
+        check_framing(path)  # raises, saying what the file looks like instead
+        raise TraceReadError(  # pragma: no cover - check_framing raised
             f"{path} is not a Perfetto protobuf trace (it does not start with a packet record)"
         )
     return path
+
+
+def framing_warning(path: str | os.PathLike[str]) -> str | None:
+    """What a reader other than tracer's (trace_processor, the UI) will not say: that the
+    file was cut while being written, or is damaged; None when it is whole."""
+    from tracer.format import check_framing
+
+    framing = check_framing(path)
+    if framing.truncated and framing.records == 0:
+        return (
+            "the trace is cut before its first complete packet: there is nothing to analyse "
+            "(a compressed trace loses the bundle it was writing when a run dies)"
+        )
+    if framing.truncated:
+        return (
+            f"the trace is truncated (cut while being written?): only its first "
+            f"{framing.complete} of {framing.size} bytes ({framing.records} complete records) "
+            "can be read"
+        )
+    if framing.damaged_at is not None:
+        return (
+            f"the trace is damaged at byte {framing.damaged_at} of {framing.size}: only what "
+            "comes before it can be read"
+        )
+    return None

@@ -22,13 +22,17 @@ __all__ = ["ENV_VAR", "NOT_FOUND_HELP", "find_trace_processor", "start_trace_pro
 
 ENV_VAR = "TRACE_PROCESSOR_PATH"
 
-NOT_FOUND_HELP = (
-    f"set {ENV_VAR} to a trace_processor_shell binary (download one on a machine with "
-    "internet access from https://get.perfetto.dev/trace_processor, or take the prebuilt "
-    "of a Perfetto release at https://github.com/google/perfetto/releases); "
+_GET_ONE = (
+    "download one on a machine with internet access from "
+    "https://get.perfetto.dev/trace_processor, or take the prebuilt of a Perfetto release at "
+    "https://github.com/google/perfetto/releases"
+)
+_WITHOUT_IT = (
     "`tracer summary` and `tracer memory` work without it (with --engine reader, or the "
     "default --engine auto)"
 )
+
+NOT_FOUND_HELP = f"set {ENV_VAR} to a trace_processor_shell binary ({_GET_ONE}); {_WITHOUT_IT}"
 
 
 def _executable(path: Path) -> bool:
@@ -65,16 +69,24 @@ def find_trace_processor(explicit: str | os.PathLike[str] | None = None) -> str:
     An explicit path or ``$TRACE_PROCESSOR_PATH`` that is not an executable
     file is an error (not silently skipped).
     """
-    for source, value in (("trace_processor_path", explicit), (ENV_VAR, os.environ.get(ENV_VAR))):
+    for source, value in (("explicit", explicit), (ENV_VAR, os.environ.get(ENV_VAR))):
         if value is None or str(value) == "":
             continue
         path = Path(value).expanduser()
+        # Name the place the path came from, and give the advice that fits it.
+        if source == ENV_VAR:
+            given, fix = f"{ENV_VAR}={value}", NOT_FOUND_HELP
+        else:
+            given = f"trace_processor binary {value} (--trace-processor / trace_processor_path)"
+            fix = f"give the path of a trace_processor_shell binary ({_GET_ONE}); {_WITHOUT_IT}"
         if not path.exists():
-            raise TraceProcessorNotFoundError(f"{source}={value}: no such file; {NOT_FOUND_HELP}")
-        if not _executable(path):
+            raise TraceProcessorNotFoundError(f"{given}: no such file; {fix}")
+        if path.is_dir():
             raise TraceProcessorNotFoundError(
-                f"{source}={value} is not an executable file (chmod +x it?)"
+                f"{given} is a folder, not the trace_processor_shell binary; {fix}"
             )
+        if not _executable(path):
+            raise TraceProcessorNotFoundError(f"{given} is not an executable file (chmod +x it?)")
         return str(path)
     cached = _package_prebuilt()
     if cached is not None:

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
-__all__ = ["ANALYSES", "TABLES", "sql_path", "sql_text", "worker_utilisation_sql"]
+__all__ = [
+    "ANALYSES", "MAX_BUCKETS", "TABLES", "check_buckets", "sql_path", "sql_text",
+    "worker_utilisation_sql",
+]
 
 #: The file that defines the tables every analysis uses.
 TABLES = "tracer_tables"
@@ -52,10 +55,23 @@ def _sql_file(name: str) -> Traversable:
     return resources.files("tracer.query").joinpath("sql").joinpath(f"{name}.sql")
 
 
-def worker_utilisation_sql(buckets: int) -> str:
-    """``worker_utilisation.sql`` with its ``buckets`` parameter set."""
+#: The most time buckets a worker timeline may have: each is a value per worker (and
+#: a character on a terminal); millions of them would take gigabytes to compute.
+MAX_BUCKETS = 10_000
+
+
+def check_buckets(buckets: object) -> int:
+    """``buckets`` if it is a whole number from 1 to :data:`MAX_BUCKETS`, else ValueError."""
     if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
         raise ValueError(f"buckets must be a positive integer, got {buckets!r}")
+    if buckets > MAX_BUCKETS:
+        raise ValueError(f"buckets must be at most {MAX_BUCKETS}, got {buckets}")
+    return buckets
+
+
+def worker_utilisation_sql(buckets: int) -> str:
+    """``worker_utilisation.sql`` with its ``buckets`` parameter set."""
+    check_buckets(buckets)
     text = sql_text("worker_utilisation")
     out, count = _BUCKETS.subn(f"SELECT {buckets} AS buckets", text, count=1)
     if count != 1:  # pragma: no cover - guards an edit of the file

@@ -36,6 +36,7 @@ import pandas as pd
 from tracer.query.columns import is_missing, records
 from tracer.query.config import DEFAULT_HEADROOM
 from tracer.ray import layout as L
+from tracer.sizes import parse_size
 
 if TYPE_CHECKING:
     from tracer.query.api import TraceQuery
@@ -76,12 +77,14 @@ def suggested_request(peak_bytes: int, headroom: float = DEFAULT_HEADROOM) -> in
 
 
 def memory_suggestions(
-    q: TraceQuery, headroom: float = DEFAULT_HEADROOM, node_memory: int | None = None
+    q: TraceQuery, headroom: float = DEFAULT_HEADROOM, node_memory: int | str | None = None
 ) -> pd.DataFrame:
     """One row per stage of ``q``'s trace: the request to make; see the module doc."""
     _check_headroom(headroom)
-    if node_memory is not None and (isinstance(node_memory, bool) or node_memory <= 0):
-        raise ValueError(f"node_memory must be a positive number of bytes, got {node_memory!r}")
+    if node_memory is not None:
+        node_memory = parse_size(node_memory, "node_memory")  # "64 GiB", as --node-memory takes
+        if node_memory <= 0:
+            raise ValueError(f"node_memory must be more than 0 bytes, got {node_memory!r}")
     level = q.run_info().get("tracing_level")
     basis = _BASIS.get(level) if isinstance(level, int) else None
     killed_at: dict[Any, int] = {}
