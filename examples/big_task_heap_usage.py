@@ -38,6 +38,8 @@ import numpy as np
 import ray
 
 from tracer.cli.memory import memory_report
+from tracer.errors import InvalidTracingLevelError
+from tracer.ray import TracingLevel, resolve_level
 from tracer.runner import Pipeline, Stage
 
 ROW_BYTES = 64
@@ -91,10 +93,27 @@ def start_ray(object_store_memory: int) -> None:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _level(text: str) -> TracingLevel:
+    """--tracing-level, checked before Ray starts: 0/1/2 or off/timeline/memory."""
+    try:
+        return resolve_level(text)
+    except InvalidTracingLevelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _no_trace(level: TracingLevel) -> str:
+    if level == TracingLevel.OFF:
+        return "tracing is off (level 0): no trace written"
+    return "no trace written: the trace file could not be written (the warning above says why)"
 
 
 def main() -> None:
@@ -108,7 +127,8 @@ def main() -> None:
         help="each stage requests this many times its input size as memory (default 2)",
     )
     parser.add_argument(
-        "--tracing-level", default="1", help="0 (off), 1 (timeline, default) or 2 (memory)"
+        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
+        help="0 (off), 1 (timeline, default) or 2 (memory)",
     )
     parser.add_argument(
         "--trace-out", type=Path, default=None,
@@ -145,7 +165,7 @@ def main() -> None:
         f"{size_out / MIB:.1f} MiB after deflate (/{deflation}); {elapsed:.1f} s"
     )
     if pipeline.trace_path is None:
-        print("tracing is off (level 0): no trace written")
+        print(_no_trace(args.tracing_level))
         return
     print(memory_report(pipeline.trace_path, suggest=True))
     print(f"trace written to {pipeline.trace_path}")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import ray
 
+from tracer.errors import InvalidTracingLevelError
+from tracer.ray import TracingLevel, resolve_level
 from tracer.runner import Pipeline, Stage
 
 
@@ -49,11 +51,36 @@ def start_ray() -> None:
         )
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _level(text: str) -> TracingLevel:
+    """--tracing-level, checked before Ray starts: 0/1/2 or off/timeline/memory."""
+    try:
+        return resolve_level(text)
+    except InvalidTracingLevelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _no_trace(level: TracingLevel) -> str:
+    if level == TracingLevel.OFF:
+        return "tracing is off (level 0): no trace written"
+    return "no trace written: the trace file could not be written (the warning above says why)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-partitions", type=int, default=12)
+    parser.add_argument("--num-partitions", type=_positive, default=12)
     parser.add_argument(
-        "--tracing-level", default="1", help="0 (off), 1 (timeline, default) or 2 (memory)"
+        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
+        help="0 (off), 1 (timeline, default) or 2 (memory)",
     )
     parser.add_argument(
         "--trace-out", type=Path, default=None,
@@ -77,7 +104,7 @@ def main() -> None:
     results = pipeline.run(tracing_level=args.tracing_level, trace_path=args.trace_out)
     print(f"{len(results)} partitions; top word of the first: {results[0]}")
     if pipeline.trace_path is None:
-        print("tracing is off (level 0): no trace written")
+        print(_no_trace(args.tracing_level))
         return
     print(f"trace written to {pipeline.trace_path}")
     print("open it at https://ui.perfetto.dev (Open trace file), or run:")

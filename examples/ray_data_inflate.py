@@ -33,6 +33,8 @@ import ray.data
 
 import tracer.integrations.ray_data as traced_data
 from tracer.cli.memory import memory_report
+from tracer.errors import InvalidTracingLevelError
+from tracer.ray import TracingLevel, resolve_level
 
 ROW_BYTES = 64
 MIB = 1 << 20
@@ -69,10 +71,27 @@ def start_ray(object_store_memory: int) -> None:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _level(text: str) -> TracingLevel:
+    """--tracing-level, checked before Ray starts: 0/1/2 or off/timeline/memory."""
+    try:
+        return resolve_level(text)
+    except InvalidTracingLevelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _no_trace(level: TracingLevel) -> str:
+    if level == TracingLevel.OFF:
+        return "tracing is off (level 0): no trace written"
+    return "no trace written: the trace file could not be written (the warning above says why)"
 
 
 def main() -> None:
@@ -86,7 +105,8 @@ def main() -> None:
         help="each map asks for this many times its input size as memory (default 2)",
     )
     parser.add_argument(
-        "--tracing-level", default="1", help="0 (off), 1 (timeline, default) or 2 (memory)"
+        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
+        help="0 (off), 1 (timeline, default) or 2 (memory)",
     )
     parser.add_argument(
         "--trace-dir", type=Path, default=None,
@@ -124,7 +144,7 @@ def main() -> None:
     )
     paths = traced_data.trace_paths()
     if not traced or not paths:
-        print("tracing is off (level 0): no trace written")
+        print(_no_trace(args.tracing_level))
         return
     print(memory_report(paths[-1]))
     print(f"trace written to {paths[-1]}")

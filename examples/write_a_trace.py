@@ -12,17 +12,31 @@ import tempfile
 import time
 from pathlib import Path
 
+from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=Path(tempfile.gettempdir()) / "example.perfetto-trace"
+        "--out", type=Path, default=Path(tempfile.gettempdir()) / "example.perfetto-trace",
+        help="the trace file, or a folder to write example.perfetto-trace in",
     )
     args = parser.parse_args()
+    if args.out.is_dir():
+        args.out = args.out / "example.perfetto-trace"  # a folder: the trace goes in it
 
-    with TraceWriter(args.out) as w:
+    try:
+        write(args.out)
+    except TraceWriteError as exc:  # a folder that does not exist, no permission, disk full
+        parser.exit(1, f"write_a_trace.py: error: {exc}\n")
+    print(f"trace written to {args.out}")
+    print("open it at https://ui.perfetto.dev (Open trace file), or: tracer open", args.out)
+
+
+def write(out: Path) -> None:
+    """Three waves of four tasks on a dispatch loop, with a tasks-in-flight counter."""
+    with TraceWriter(out) as w:
         scheduler = w.process_track(1, "Scheduler", rank=0)
         loop = w.thread_track(1, 1, "dispatch loop")
         inflight = w.counter_track("tasks in flight", parent=scheduler)
@@ -38,8 +52,6 @@ def main() -> None:
                 w.end(lane)
             w.counter(inflight, 0)
             w.end(loop)
-    print(f"trace written to {args.out}")
-    print("open it at https://ui.perfetto.dev (Open trace file), or: tracer open", args.out)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,48 @@ def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
         return
     assert _printed_trace(out) == path
     assert _stage_executions(path) == {"inflate": 3, "deflate": 3}
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "needle"),
+    [
+        ("quickstart.py", ["--tracing-level", "3"], "invalid tracing level '3'"),
+        ("quickstart.py", ["--num-partitions", "0"], "must be at least 1"),
+        ("big_task_heap_usage.py", ["--tracing-level", "on"], "invalid tracing level 'on'"),
+        ("ray_data_inflate.py", ["--tracing-level", "x"], "invalid tracing level 'x'"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_before_ray_starts(
+    script: str, args: list[str], needle: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert "Started a local Ray instance" not in proc.stderr  # refused before Ray started
+
+
+def test_a_trace_that_cannot_be_written_is_not_called_level_0(tmp_path: Path) -> None:
+    out = _run("quickstart.py", "--num-partitions", "2",
+               "--trace-out", str(tmp_path / "no" / "such" / "folder" / "t.perfetto-trace"))
+    assert "top word of the first" in out  # the run itself went on
+    assert "tracing is off (level 0)" not in out
+    assert "the trace file could not be written" in out
+
+
+def test_write_a_trace_into_a_folder_and_nowhere(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "write_a_trace.py"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert read_trace(tmp_path / "example.perfetto-trace").slices
+    nowhere = subprocess.run(
+        [sys.executable, str(EXAMPLES / "write_a_trace.py"), "--out",
+         str(tmp_path / "missing" / "t.perfetto-trace")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert nowhere.returncode == 1
+    assert "does not exist" in nowhere.stderr and "Traceback" not in nowhere.stderr
