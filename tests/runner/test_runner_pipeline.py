@@ -129,6 +129,28 @@ def test_user_exception_reaches_the_caller(level: int, tmp_path: Path) -> None:
     assert [i.args[L.ARG_TASK_ID] for i in marks] == ["0-3"]
 
 
+def _two_failures(x: int) -> int:
+    if x == 2:
+        time.sleep(0.5)  # fails last
+        raise ValueError("partition 2 failed")
+    if x == 9:
+        raise KeyError("partition 9 failed")  # fails first
+    return x
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_the_first_partitions_failure_reaches_the_caller_at_every_level(
+    level: int, tmp_path: Path
+) -> None:
+    """Untraced, the run's ray.get of the results in order raises partition 2's error; a
+    traced run finds partition 9's first, and must raise the same error all the same."""
+    with pytest.raises(ValueError, match="partition 2 failed") as info:
+        Pipeline(list(range(12)), [Stage("s", _two_failures)]).run(
+            tracing_level=level, trace_path=tmp_path / "t.perfetto-trace", progress=False
+        )
+    assert info.value.__notes__ == ["in stage 's', partition 2"]
+
+
 def test_user_exception_of_a_local_class() -> None:
     with pytest.raises(_Boom) as info:
         Pipeline([7], [Stage("boom", _boom)]).run(tracing_level=1, progress=False)

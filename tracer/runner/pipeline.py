@@ -270,7 +270,10 @@ class _DispatchLoop:
             for s in self.stages
         ]
         self.results: dict[int, Any] = {}
-        self.failures: list[BaseException] = []  # failed tasks' errors (traced runs only)
+        # Failed tasks' errors by partition (traced runs only): the run raises the first
+        # partition's, as an untraced run's ray.get of the results in order does, not
+        # whichever failure the tracer found first.
+        self.failures: dict[int, BaseException] = {}
         self.done: set[int] = set()  # stages reported done
 
     def _fits(self, stage: Stage, pending: int) -> bool:
@@ -307,15 +310,18 @@ class _DispatchLoop:
                     done = self._await()
                     wave_metrics(dispatched=len(batch), received=done, inflight=len(self.inflight))
             # The last tasks' failures, so that the run raises while still traced.
-            errors = tracer.complete_received()
-            if errors:
-                self.failures.extend(errors.values())
+            self._failed(tracer.complete_received())
         finally:
             self.progress.close()
         if self.failures:
-            _raise_task_error(self.failures[0])
+            _raise_task_error(self.failures[min(self.failures)])
         n = self.plan.partitions_seen
         return [self.results[i] for i in range(n)]
+
+    def _failed(self, errors: dict[str, BaseException]) -> None:
+        """Keep each partition's first failure (task ids are ``<stage>-<partition>``)."""
+        for task_id, error in errors.items():
+            self.failures.setdefault(int(task_id.rsplit("-", 1)[1]), error)
 
     def _cancel_inflight(self) -> NoReturn:
         """Past the deadline: cancel every task in flight, then give up."""
@@ -394,15 +400,13 @@ class _DispatchLoop:
         # Traced, the tasks' small measurements returns (fetched by the tracer
         # for many tasks at once) say which failed: an exception, an OOM kill,
         # a crashed worker. The tracer records them where they ran and reports
-        # them, possibly a few waves later; the run raises the first failure
+        # them, possibly a few waves later; the run raises the first partition's failure
         # once the other partitions are done. A failed partition needs no
         # special care meanwhile: Ray fails its downstream tasks with the same
         # error without running them. Untraced (level 0) this costs nothing:
         # errors surface at the final ray.get.
         tasks = [self.inflight.pop(ref) for ref in ready]
-        errors = tracer.tasks_received_as_ready([t.task_id for t in tasks])
-        if errors:
-            self.failures.extend(errors.values())
+        self._failed(tracer.tasks_received_as_ready([t.task_id for t in tasks]))
         for ref, task in zip(ready, tasks, strict=True):
             index = task.stage_index
             self._account(self.stages[index], -1)
