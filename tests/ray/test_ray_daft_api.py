@@ -276,6 +276,49 @@ def test_generator_tasks_stream_as_they_would_untraced(level: int, tmp_path: Pat
 
 
 @ray.remote
+class _Adder:
+    def add(self, x: int) -> int:
+        return x + 100
+
+
+@ray.remote(num_returns=2)
+def _three_for_two(x: int) -> tuple[int, int, int]:
+    return x, x, x
+
+
+@ray.remote(num_returns=2)
+def _one_for_two(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_what_ray_runs_or_refuses_untraced_it_runs_or_refuses_alike_traced(
+    level: int, tmp_path: Path
+) -> None:
+    """An actor's method through the wrapper (it failed with AttributeError: no
+    `_function`), and a multi-return task that returns the wrong number of values
+    (Ray's count included the measurements: "returned 4 objects, but num_returns=3")."""
+    adder = _Adder.remote()
+    errors: dict[str, str] = {}
+    with ray_tracer("odd calls", level=level, path=tmp_path / "odd.perfetto-trace") as tracer:
+        tracer.task_created("a", 0, ResourceRequest(num_cpus=1), "add")
+        ref = RayFunctionWrapper.wrap(adder.add).with_tracing(tracer, "a").remote(1)
+        assert ray.get(ref) == 101
+        tracer.tasks_received_as_ready(["a"])
+        for task_id, fn in (("three", _three_for_two), ("one", _one_for_two)):
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), task_id)
+            refs = RayFunctionWrapper.wrap(fn).with_tracing(tracer, task_id).remote(1)
+            with pytest.raises(ray.exceptions.RayTaskError) as info:
+                ray.get(refs)
+            errors[task_id] = f"{type(info.value.cause).__name__}: {info.value.cause}"
+            tracer.tasks_received_as_ready([task_id])
+    assert errors == {
+        "three": "ValueError: Task returned 3 objects, but num_returns=2.",
+        "one": "TypeError: object of type 'int' has no len()",
+    }
+
+
+@ray.remote
 def add_one(x: int) -> int:
     time.sleep(0.05)
     return x + 1

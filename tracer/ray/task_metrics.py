@@ -564,4 +564,13 @@ def run_traced(
     packed = pack_metrics(metrics)
     if num_returns == 1:
         return result, packed
-    return (*result, packed)
+    return (*_returns(result, num_returns), packed)
+
+
+def _returns(result: Any, num_returns: int) -> Any:
+    """A multi-return task's values, checked as Ray checks them untraced, with Ray's own
+    words: the measurements are one more value, and Ray's count would include them."""
+    count = len(result)  # TypeError "object of type 'int' has no len()", as Ray's
+    if count != num_returns:
+        raise ValueError(f"Task returned {count} objects, but num_returns={num_returns}.")
+    return result
