@@ -523,7 +523,7 @@ def test_an_empty_file_is_a_clear_error(tmp_path: Path) -> None:
         (b"\nstarts with a newline but is text, long enough to be a record\n" * 3, "not a"),
         (b'{"traceEvents": []}', "JSON"),
         (b'[{"ph": "X"}]', "JSON"),
-        (gzip.compress(trace_bytes(setup())), "gzip"),
+        (gzip.compress(b"hello, gzip-compressed text\n"), "looks like text"),  # gunzipped
         (b"\x28\xb5\x2f\xfd\x00\x00", "zstd"),
         (b"\x0a\x02\x08\x01", "no TracePacket field"),  # decodes, but only unknown fields
         (b"\x0a\x03\xff\xff\xff", "does not decode"),
@@ -538,6 +538,16 @@ def test_not_a_trace_raises_a_clear_error(tmp_path: Path, content: bytes, reason
         read_trace(path)
     assert reason in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_a_gzipped_trace_reads_from_bytes_and_files(tmp_path: Path) -> None:
+    inner = [setup(), track(1), names(event(BEGIN, 1, 5, name_iid=1), a=1), event(END, 1, 6)]
+    data = trace_bytes(*inner)
+    path = tmp_path / "t.perfetto-trace.gz"
+    path.write_bytes(gzip.compress(data))
+    plain = read_trace(data, strict=True)
+    assert read_trace(gzip.compress(data), strict=True).slices == plain.slices
+    assert read_trace(path, strict=True).slices == plain.slices
 
 
 def test_random_bytes_are_not_a_trace() -> None:

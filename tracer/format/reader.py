@@ -46,11 +46,12 @@ skipped at C speed.
 from __future__ import annotations
 
 import gc
+import io
 import os
 from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from tracer.errors import TraceReadError
 from tracer.format._framing import Where
@@ -131,7 +132,11 @@ def read_source(
     """
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         reader = make("trace data")
-        reader.read_bytes(bytes(path_or_bytes))
+        data = bytes(path_or_bytes)
+        if data[:2] == GZIP_MAGIC:
+            _read_gzip(reader, io.BytesIO(data), "trace data")
+        else:
+            reader.read_bytes(data)
     else:
         path = Path(path_or_bytes)
         what = f"trace file {path}"
@@ -144,20 +149,25 @@ def read_source(
             try:
                 # peek, not read: a pipe cannot seek back
                 if f.peek(2)[:2] == GZIP_MAGIC:
-                    stream = Gunzip(f, what)
-                    try:
-                        reader.read_file(stream)  # type: ignore[arg-type]
-                    except TraceReadError:
-                        if not stream.cut_before_anything:
-                            raise
-                    if stream.cut:
-                        reader.truncated = True
+                    _read_gzip(reader, f, what)
                 else:
                     reader.read_file(f)
             except OSError as exc:  # a read error after the open (EIO, a folder...)
                 raise TraceReadError(f"cannot read {what}: {exc.strerror or exc}") from exc
     reader.finish()
     return reader
+
+
+def _read_gzip(reader: _Tokenizer, f: BinaryIO, what: str) -> None:
+    """A gzip-compressed trace, read as the trace it holds; cut short, it is truncated."""
+    stream = Gunzip(f, what)
+    try:
+        reader.read_file(stream)  # type: ignore[arg-type]
+    except TraceReadError:
+        if not stream.cut_before_anything:
+            raise
+    if stream.cut:
+        reader.truncated = True
 
 
 class _ModelReader(_Tokenizer):
