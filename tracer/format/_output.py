@@ -6,12 +6,16 @@ appended as they are. Compressed, small flushes append raw packets (a
 *tail*) and a full buffer's worth becomes one zlib bundle written over that
 tail, so every flush is durable and the file still ends up made of big
 bundles. The file is a valid trace at every instant, even if the process is
-killed between two system calls (see :meth:`_FileOutput._write_bundle`).
+killed between two system calls (see :meth:`_FileOutput._write_bundle`), and a
+write that fails or falls short (a full disk) leaves it holding what it held
+before: the error is raised only once the file is a valid trace again.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import os
 import threading
 import zlib
@@ -97,24 +101,77 @@ class _FileOutput:
         in one ``pwrite`` (a kill cannot split a system call), padded with an
         ignorable packet to the tail's length, and only then is the padding
         cut off with ``ftruncate``.
+
+        A ``pwrite`` can also write less than it was given (the disk or the
+        file size limit reached part-way, a signal): then the rest is written,
+        and if that fails, :meth:`_undo_bundle` puts the raw tail back (only a
+        write error leaves the file invalid for that moment) before the error
+        is raised. The usual path costs one comparison more.
         """
         tail_len = len(self._tail)
         if not tail_len:
             self._write(bundle)
             return
         start = self._file_end - tail_len
-        gap = tail_len - len(bundle)
+        payload = bundle + _padding(tail_len - len(bundle))
+        fd = self._file.fileno()
         try:
-            fd = self._file.fileno()
-            os.pwrite(fd, bundle + _padding(gap), start)
-            end = start + len(bundle)
-            os.ftruncate(fd, end)
-            self._file.seek(end)
-        except OSError as exc:
-            raise TraceWriteError(f"cannot write trace file {self.path}: {exc}") from exc
+            written = os.pwrite(fd, payload, start)
+        except OSError as exc:  # nothing written (a regular file's write fails only then)
+            raise self._write_error(exc) from exc
+        if written != len(payload):
+            self._finish_bundle(fd, payload, start, written)
+        # The file is now whole: bundle, then padding (a valid trace either way).
         self._tail.clear()
-        self._file_end = end
-        self.bytes_written = end
+        self._file_end = self.bytes_written = start + len(payload)
+        end = start + len(bundle)
+        try:
+            os.ftruncate(fd, end)
+            self._file_end = self.bytes_written = end
+        except OSError as exc:  # the padding stays: still a valid trace
+            raise self._write_error(exc) from exc
+        finally:
+            self._seek_end()
+
+    def _finish_bundle(self, fd: int, payload: bytes, start: int, written: int) -> None:
+        """Write the rest of a bundle after a short ``pwrite``, or undo it and raise."""
+        view = memoryview(payload)
+        try:
+            while written < len(payload):
+                more = os.pwrite(fd, view[written:], start + written)
+                if not more:
+                    raise OSError(errno.ENOSPC, "short write")
+                written += more
+        except OSError as exc:
+            self._undo_bundle(fd, start, written)
+            raise self._write_error(exc) from exc
+
+    def _undo_bundle(self, fd: int, start: int, written: int) -> None:
+        """Put back the raw tail that ``written`` bytes of a bundle went over.
+
+        Overwriting bytes the file already has needs no more room, so this
+        works on a full disk; if it fails all the same, the file is cut where
+        the tail began, which loses only the tail and leaves a valid trace.
+        """
+        damaged = min(written, len(self._tail))
+        try:
+            done = 0
+            while done < damaged:
+                more = os.pwrite(fd, self._tail[done:damaged], start + done)
+                if not more:
+                    raise OSError(errno.ENOSPC, "short write")
+                done += more
+            os.ftruncate(fd, self._file_end)  # what went past the end, if any
+            return
+        except OSError:
+            pass
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            return  # nothing more can be done; the error is raised all the same
+        self._tail.clear()
+        self._file_end = self.bytes_written = start
+        self._seek_end()
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -122,12 +179,25 @@ class _FileOutput:
             while view:
                 written = self._file.write(view)
                 if not written:
-                    raise OSError("short write")
+                    raise OSError(errno.ENOSPC, "short write")
                 view = view[written:]
         except OSError as exc:
-            raise TraceWriteError(f"cannot write trace file {self.path}: {exc}") from exc
+            if len(view) != len(data):  # a cut packet at the end: cut it off
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._file.fileno(), self._file_end)
+                self._seek_end()
+            raise self._write_error(exc) from exc
         self.bytes_written += len(data)
         self._file_end += len(data)
+
+    def _seek_end(self) -> None:
+        """Where the next append goes: the end of what was written (not where a failed write
+        left the file's offset)."""
+        with contextlib.suppress(OSError):
+            self._file.seek(self._file_end)
+
+    def _write_error(self, exc: OSError) -> TraceWriteError:
+        return TraceWriteError(f"cannot write trace file {self.path}: {exc}")
 
     def flush(self) -> None:
         """Write everything buffered to the file now (raw when compressing; see _flush_buffer)."""
