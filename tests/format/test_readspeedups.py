@@ -9,6 +9,7 @@ errors. CI also runs all of tests/format with the fast path off.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def test_the_fast_path_replays_most_packets(
     python_replay = _tokenizer._Tokenizer.replay
 
     def counted(self: Any, template: Any, raw: int) -> None:
-        replays[_tokenizer.os.environ["TRACER_PURE_PYTHON"]] += 1
+        replays[os.environ["TRACER_PURE_PYTHON"]] += 1
         python_replay(self, template, raw)
 
     monkeypatch.setattr(_tokenizer._Tokenizer, "replay", counted)

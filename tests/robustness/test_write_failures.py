@@ -6,6 +6,7 @@ and /dev/full), the output folder removed mid-run, permission denied.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -48,7 +49,8 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-def test_disk_full_at_the_first_write_runs_untraced(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_device_as_the_trace_path_runs_untraced(caplog: pytest.LogCaptureFixture) -> None:
+    """/dev/full (whose every write fails) is refused before any write: not a regular file."""
     caplog.set_level(logging.WARNING, logger="tracer")
     results = _pipeline().run(tracing_level=1, trace_path="/dev/full")
     assert results == _expected()
@@ -74,6 +76,27 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_at_the_first_write_runs_untraced(
+    tiny_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk with no room left: the trace file is created, its first write fails."""
+    caplog.set_level(logging.WARNING, logger="tracer")
+    fd = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while os.write(fd, b"\0" * 4096):
+                pass
+    finally:
+        os.close(fd)
+    path = tiny_disk / "run.perfetto-trace"
+    results = _pipeline().run(tracing_level=1, trace_path=path)
+    assert results == _expected()
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert str(path) in warnings[0]
+    assert "running untraced" in warnings[0] or "tracing stopped" in warnings[0]
 
 
 def test_disk_full_mid_run_stops_tracing_once(

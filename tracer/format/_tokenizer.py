@@ -25,11 +25,11 @@ does with them (sort them all, or stream them) is the subclass's business.
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
+from tracer._env import env_flag
 from tracer._proto import perfetto_trace_subset_pb2 as pb
 from tracer.errors import TraceReadError
 from tracer.format._descriptors import ordering, track_info
@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover - the pure Python path is tested with TR
 def use_read_speedups() -> bool:
     """Whether new readers take the C fast path: built, and not turned off by
     ``TRACER_PURE_PYTHON`` (the writer's switch, see tracer.format.writer)."""
-    return _readspeedups is not None and os.environ.get("TRACER_PURE_PYTHON", "") in ("", "0")
+    return _readspeedups is not None and not env_flag("TRACER_PURE_PYTHON", False)
 
 
 class _FileFacts(Protocol):

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tracer._env import env_flag
 from tracer.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -498,4 +499,4 @@ PURE_PYTHON_ENV = "TRACER_PURE_PYTHON"
 
 def use_speedups() -> bool:
     """Whether new writers take the C encoder: built, and not turned off by the environment."""
-    return _speedups is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0")
+    return _speedups is not None and not env_flag(PURE_PYTHON_ENV, False)

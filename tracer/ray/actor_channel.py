@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.ray import layout as L
+from tracer.ray.connection import RAY_SHUT_DOWN, ray_connected
 from tracer.ray.failures import Failures
 from tracer.ray.return_channel import CancelMark
 from tracer.ray.runner_task import RunnerTask
@@ -130,6 +131,10 @@ class ActorChannel:
         actor = self.actor
         if actor is None:
             return False
+        if not ray_connected():
+            # Calling it would start a new cluster; the close says why (one warning).
+            self.gone(RAY_SHUT_DOWN, warn=False)
+            return False
         if not self.is_ready(wait):
             return self.actor is not None
         import ray
@@ -165,16 +170,20 @@ class ActorChannel:
                 return
         self.timeline.execution(metrics, self.tasks.pop(task_id, None))
 
-    def gone(self, reason: str) -> None:
-        """The actor failed: never call it again; what it held is lost."""
+    def gone(self, reason: str, *, warn: bool = True) -> None:
+        """The actor failed: never call it again; what it held is lost.
+
+        ``warn=False``: the caller says it (Ray shut down: the tracer's close warns once).
+        """
         self.actor = None
         self.lost_reason = reason
         timeline = self.timeline
-        logger.warning(
-            "tracer: %s for execution %s; measurements of tasks reporting through it are "
-            "lost (recorded in the trace); the run and the rest of its trace go on",
-            reason, timeline.execution_id,
-        )
+        if warn:
+            logger.warning(
+                "tracer: %s for execution %s; measurements of tasks reporting through it are "
+                "lost (recorded in the trace); the run and the rest of its trace go on",
+                reason, timeline.execution_id,
+            )
         timeline.loop_instant(L.INSTANT_METRICS_ACTOR_LOST, {L.ARG_REASON: reason})
         for task_id, task in list(self.tasks.items()):
             if task.released:  # received: its measurements were in the actor, or on their way

@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tracer._env import env_flag, env_seconds
+from tracer.ray.connection import ray_connected
 from tracer.ray.ray_events import RayEventSource
 from tracer.ray.timeline import RayTaskEvents, RunTimeline
 
@@ -82,7 +84,8 @@ _PROBES = 16
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Are Ray's events read (``$TRACER_RAY_EVENTS``, on by default; see tracer._env)?"""
+    return env_flag(ENV_SWITCH, True)
 
 
 def executions_source() -> str:
@@ -115,14 +118,13 @@ def executions_source() -> str:
 
 
 def close_budget_s() -> float:
-    """The close's budget for the last events (``$TRACER_RAY_EVENTS_BUDGET_S``)."""
-    raw = os.environ.get(ENV_BUDGET, "").strip()
-    if raw:
-        try:
-            return max(0.0, float(raw))
-        except ValueError:
-            logger.warning("tracer: ignoring %s=%r (not a number of seconds)", ENV_BUDGET, raw)
-    return DEFAULT_BUDGET_S
+    """The close's budget for the last events (``$TRACER_RAY_EVENTS_BUDGET_S``).
+
+    Not a finite number of 0 or more: a warning and the default (``inf``
+    overflowed the lock's timeout, and the close then drew none of Ray's
+    events; ``nan`` meant no wait at all).
+    """
+    return env_seconds(ENV_BUDGET, DEFAULT_BUDGET_S)
 
 
 class RayEventsChannel:
@@ -155,7 +157,9 @@ class RayEventsChannel:
 
     def poll(self) -> None:
         """At a flush (not under the tracer's lock): read and draw what is due."""
-        if time.monotonic() < self._next or not self._reading.acquire(blocking=False):
+        if time.monotonic() < self._next or not ray_connected():
+            return
+        if not self._reading.acquire(blocking=False):
             return
         try:
             self._read_and_draw(final=False, at_flush=True)
@@ -166,9 +170,13 @@ class RayEventsChannel:
             self._reading.release()
 
     def _read_and_draw(self, final: bool, at_flush: bool = False) -> bool:
-        """One read of what is wanted; True when nothing is wanted any more."""
+        """One read of what is wanted; True when nothing is wanted any more.
+
+        Also True once Ray was shut down (see tracer.ray.connection): nothing
+        more can come, and what is still wanted is counted missing.
+        """
         with self._lock:
-            if self._closed:
+            if self._closed or not ray_connected():
                 return True
             wanted = self._timeline.ray_events_wanted()
         if not wanted:
@@ -203,7 +211,7 @@ class RayEventsChannel:
     def _settled(self) -> bool:
         """Has Ray the events of every worker's last execution still wanted? (Drawn, then.)"""
         with self._lock:
-            if self._closed:
+            if self._closed or not ray_connected():
                 return True
             probes = self._timeline.ray_events_probes(_PROBES)
         if not probes:

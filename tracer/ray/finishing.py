@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tracer._env import env_flag
+
 logger = logging.getLogger("tracer")
 
 __all__ = ["ENV_WAIT", "close_waits", "finish_in_background", "wait_for_traces"]
@@ -40,8 +42,9 @@ _atexit_registered = False
 
 
 def close_waits() -> bool:
-    """Does the close wait for Ray's last events itself (``$TRACER_RAY_EVENTS_WAIT``)?"""
-    return os.environ.get(ENV_WAIT, "0").strip().lower() in ("1", "true", "yes", "on")
+    """Does the close wait for Ray's last events itself (``$TRACER_RAY_EVENTS_WAIT``, off
+    by default; see tracer._env)?"""
+    return env_flag(ENV_WAIT, False)
 
 
 def _key(path: str | os.PathLike[str]) -> Path:

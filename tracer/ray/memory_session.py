@@ -73,6 +73,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from tracer._env import env_flag
 from tracer.ray import memory as _memory
 
 if TYPE_CHECKING:
@@ -111,8 +112,9 @@ _atexit_registered = False
 
 def disabled_reason() -> str | None:
     """Why level 2 runs a tracker per task in this process, or None if it need not."""
-    if os.environ.get(PER_TASK_ENV, "") not in ("", "0"):
-        return f"${PER_TASK_ENV} is set"
+    # The one rule of tracer's switches (tracer._env): "false", "no", "off" turned it on.
+    if env_flag(PER_TASK_ENV, False):
+        return f"${PER_TASK_ENV} is on"
     return _disabled
 
 

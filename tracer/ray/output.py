@@ -9,15 +9,25 @@ trace of a process in one known folder without touching the code that runs
 it (the ``tracer.testing`` pytest plugin does this for its measured blocks).
 It changes the default only: a trace whose path is given explicitly
 (``ray_tracer(path=...)``, ``Pipeline.run(trace_path=...)``) goes there.
+
+Every run's trace is opened by :func:`open_trace`, which refuses (as an
+error the callers turn into "running untraced") the paths no run can
+write: anything but a regular file, and a file another run is writing.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import re
+import stat
+import threading
 from pathlib import Path
+from typing import Any
 
+from tracer._env import warn_once
+from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 
 DEFAULT_SESSION_DIR = Path("/tmp/ray/session_latest")
@@ -49,10 +59,27 @@ def ray_session_dir() -> Path:
 
 
 def default_trace_dir() -> Path:
-    """``$TRACER_TRACE_DIR`` when set (and not empty), else ``<Ray session>/logs/tracer``."""
+    """``$TRACER_TRACE_DIR`` when set (and not empty), else ``<Ray session>/logs/tracer``.
+
+    Never raises: every default path (the runner's, Ray Data's, Daft's log
+    folder) comes from here, most of them outside the guard that turns a
+    failure into "running untraced", and a ``~user`` that cannot be expanded
+    (no such user, no home) raised there and killed the job. Such a value is
+    warned about once and the Ray session's folder is used instead: the
+    trace is still written, somewhere the warning names. (A folder that
+    cannot be created is the caller's to report: that run goes untraced.)
+    """
     override = os.environ.get(TRACE_DIR_ENV_VAR, "").strip()
     if override:
-        return Path(override).expanduser()
+        try:
+            return Path(override).expanduser()
+        except Exception as exc:  # RuntimeError: "Could not determine home directory."
+            fallback = ray_session_dir() / "logs" / "tracer"
+            warn_once(
+                f"tracer: cannot use ${TRACE_DIR_ENV_VAR}={override!r} "
+                f"({type(exc).__name__}: {exc}); traces go to {fallback} instead"
+            )
+            return fallback
     return ray_session_dir() / "logs" / "tracer"
 
 
@@ -68,5 +95,91 @@ def _safe(text: str) -> str:
 
 
 def open_trace(path: str | os.PathLike[str], *, compress: bool = True) -> TraceWriter:
-    """The writer of one run's trace, in the Ray layer's time unit (:data:`TIME_UNIT_NS`)."""
-    return TraceWriter(path, compress=compress, time_unit_ns=TIME_UNIT_NS)
+    """The writer of one run's trace, in the Ray layer's time unit (:data:`TIME_UNIT_NS`).
+
+    Raises :class:`~tracer.errors.TraceWriteError` for a path that is not a
+    regular file (a FIFO blocked the open forever; a device or a socket is
+    no trace either) and for one that another run, in this process or
+    another, is writing: two runs given the same path would overwrite each
+    other's trace, so the second is refused (its caller runs it untraced,
+    with a warning naming the path) and the first keeps its trace. The claim
+    is an exclusive ``flock`` on the file, held until the writer is closed
+    (released by the system if the process dies); where the file system has
+    no locks, the path is written unguarded, as before.
+    """
+    lock = _claim(Path(path))
+    try:
+        return _ClaimedTraceWriter(
+            path, lock_fd=lock, compress=compress, time_unit_ns=TIME_UNIT_NS
+        )
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+
+
+class _ClaimedTraceWriter(TraceWriter):
+    """A run's writer: holds its file's claim (see :func:`_claim`) until it is closed."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, lock_fd: int | None, **kwargs: Any
+    ) -> None:
+        self._lock_fd = lock_fd
+        # The finishing thread and a failure's stop may both close the writer: the fd is
+        # closed once (a second close could hit an fd reused meanwhile).
+        self._lock_fd_lock = threading.Lock()
+        super().__init__(path, **kwargs)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            with self._lock_fd_lock:
+                fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)
+
+
+def _claim(path: Path) -> int | None:
+    """Check that ``path`` can be a run's trace, and claim it; the claim's fd (None: unclaimed).
+
+    The checks come before the writer's open, which would block on a FIFO
+    and truncate a trace another run is writing. The claim's own open never
+    blocks (``O_NONBLOCK``) and never truncates; if it fails, the writer's
+    open reports why (a missing folder, a folder, permissions).
+    """
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except OSError:
+        mode = None  # not there yet (or not reachable: the writer's open says why)
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise TraceWriteError(f"cannot create trace file {path}: {_not_regular(mode)}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # put there since the stat
+            raise TraceWriteError(f"cannot create trace file {path}: {_not_regular(mode)}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TraceWriteError(
+                f"cannot create trace file {path}: another run is writing it "
+                "(the same trace path given to two runs at once)"
+            ) from None
+        except OSError:
+            pass  # no locks on this file system: unguarded
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_regular(mode: int) -> str:
+    kind = (
+        "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+        else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+    )
+    return f"it is {kind}, not a regular file"

@@ -34,6 +34,7 @@ from typing import Any
 
 from tracer.format import Track
 from tracer.ray import layout as L
+from tracer.ray.connection import RAY_SHUT_DOWN, ray_connected
 from tracer.ray.runner_task import RunnerTask
 from tracer.ray.task_errors import error_args, metrics_from_error, where_from_error
 from tracer.ray.task_metrics import Metrics, unpack_metrics
@@ -64,7 +65,13 @@ class ReturnChannel:
         self.cancelled: list[tuple[RunnerTask, Any]] = []
 
     def fetch(self, tasks: list[RunnerTask]) -> dict[str, BaseException]:
-        """One round trip for many measurements; sets ``task.metrics``, returns the errors."""
+        """One round trip for many measurements; sets ``task.metrics``, returns the errors.
+
+        Ray shut down: nothing is asked (it would start a new cluster); the
+        tasks stay unmeasured, and :meth:`drain` records them as lost.
+        """
+        if not ray_connected():
+            return {}
         import ray
 
         refs = [t.metrics_ref for t in tasks]
@@ -93,9 +100,13 @@ class ReturnChannel:
         pending, self.pending = self.pending, []
         if not pending:
             return
+        timeline = self.timeline
+        if not ray_connected():
+            for task in pending:
+                timeline.lost(task.task_id, RAY_SHUT_DOWN)
+            return
         import ray
 
-        timeline = self.timeline
         refs = [t.metrics_ref for t in pending]
         try:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=METRICS_TIMEOUT_S)
@@ -139,7 +150,7 @@ class ReturnChannel:
         failed while it still runs): left alone.
         """
         ref, task.metrics_ref = task.metrics_ref, None
-        if ref is None:
+        if ref is None or not ray_connected():
             return
         import ray
 
@@ -154,10 +165,14 @@ class ReturnChannel:
         A task that was running and whose error names only where it stopped
         is handed to ``on_running`` with the mark to make there (the runner
         tracer holds it while a metrics actor may still bring the execution).
+        Once Ray was shut down nothing more will be known: they are forgotten
+        (their task slices say they were cancelled).
         """
+        pending, self.cancelled = self.cancelled, []
+        if not ray_connected():
+            return
         import ray
 
-        pending, self.cancelled = self.cancelled, []
         refs = [ref for _, ref in pending]
         try:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)

@@ -24,6 +24,7 @@ from tracer.errors import TraceWriteError
 from tracer.format import TraceWriter
 from tracer.ray import layout as L
 from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
+from tracer.ray.connection import ray_connected
 from tracer.ray.events_channel import RayEventsChannel
 from tracer.ray.failures import Failures
 from tracer.ray.finishing import close_waits, finish_in_background
@@ -175,7 +176,18 @@ class LifecycleCalls:
 
     @guarded
     def _close(self, error: BaseException | None) -> int:
-        """Everything but Ray's last events; returns the run's end time."""
+        """Everything but Ray's last events; returns the run's end time.
+
+        After a ``ray.shutdown()`` nothing is asked of Ray (it would start a new
+        cluster, see tracer.ray.connection): what was not read by then is
+        recorded as lost, and said once here.
+        """
+        if not ray_connected():
+            logger.warning(
+                "tracer: Ray was shut down before the trace of execution %s was closed; "
+                "measurements not read by then are recorded as lost in %s",
+                self.execution_id, self.trace_path,
+            )
         self._complete_received()
         self._drain_metrics()
         if self._returns.cancelled:

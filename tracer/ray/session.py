@@ -45,6 +45,10 @@ def ray_tracer(
     trace goes to ``path``, or by default to the Ray session's log folder
     (``<session>/logs/tracer/<runner>.<execution id>.<timestamp>.perfetto-trace``);
     its path is logged when the execution ends and is ``tracer.trace_path``.
+    A path no run can write is refused with a warning, and the execution runs
+    untraced: one that is not a regular file (a FIFO, a device), or one that
+    another open run is writing (two runs given the same path: the first
+    keeps its trace; see :func:`tracer.ray.output.open_trace`).
     ``metrics_actor=True`` also starts the actor channel, for tasks that call
     :func:`collect_ray_task_metrics` themselves. At level 2,
     ``memray_native_traces`` records native stacks and
@@ -100,7 +104,7 @@ def ray_tracer(
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
-        if actor is not None:
+        if actor is not None and ray.is_initialized():
             with contextlib.suppress(Exception):
                 ray.kill(actor)
         yield _NULL
@@ -113,7 +117,8 @@ def ray_tracer(
         raise
     finally:
         tracer.close(error)
-        if actor is not None:
+        # Not after a ray.shutdown(): ray.kill would start a new cluster to kill it in.
+        if actor is not None and ray.is_initialized():
             with contextlib.suppress(Exception):
                 ray.kill(actor)
         logger.info("tracer: trace of execution %s written to %s", execution_id, trace_path)

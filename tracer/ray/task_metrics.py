@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tracer.errors import InvalidTracingLevelError
 from tracer.ray.levels import ENV_VAR, TracingLevel, resolve_level
 
 Metrics = dict[str, Any]
@@ -408,12 +409,26 @@ def collect_ray_task_metrics(
     Inside a task that is already measured (dispatched through
     :class:`~tracer.ray.RayFunctionWrapper`, as a Daft-style runner does) it
     yields that task's metrics and measures nothing twice.
+    A ``$TRACER_ENABLE_RAY_TRACING`` the worker cannot read (``on``) means
+    off, with one warning per worker: raising here failed every task of the
+    job, whatever level the driver traced at (a bad ``level=`` still raises).
     """
     current = _CURRENT.get()
     if current is not None:
         yield current
         return
-    lvl = resolve_level(level)
+    try:
+        lvl: TracingLevel | None = resolve_level(level)
+    except InvalidTracingLevelError as exc:
+        if level is not None:
+            raise
+        from tracer._env import warn_once
+
+        warn_once(f"tracer: {exc}; this worker's tasks are not measured")
+        lvl = None  # yielded outside the handler: the body's errors are not chained to it
+    if lvl is None:
+        yield None
+        return
     if lvl == TracingLevel.OFF:
         from tracer.ray.metrics_actor import metrics_actor_exists
 

@@ -1,0 +1,129 @@
+"""A runner that shuts Ray down with its tracer still open: the close asks Ray nothing.
+
+Ray's ``get``, ``wait``, ``kill`` and an actor's calls start a new local
+cluster once ``ray.shutdown()`` was called (Ray's auto-init): the tracer's
+close took ~10 s and left the program a Ray it never asked for, so that its
+own next ``ray.init`` failed. Now the measurements not read by then are
+recorded as lost, and the trace says so. Each test starts its own local Ray
+(it shuts it down), and removes whatever Ray is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from trace_checks import execution_slice, instants_named, load_complete
+
+from tracer.ray import (
+    RayFunctionWrapper,
+    ResourceRequest,
+    collect_ray_task_metrics,
+    ray_tracer,
+)
+from tracer.ray import layout as L
+from tracer.ray.connection import RAY_SHUT_DOWN
+
+NUM_TASKS = 4
+#: The close, with nothing to ask Ray, takes milliseconds; generous for a loaded machine.
+CLOSE_LIMIT_S = 5.0
+
+
+@pytest.fixture
+def own_ray(ray_manager: Any) -> Iterator[None]:
+    """A local Ray this test shuts down; any Ray left afterwards (one the tracer started)
+    is shut down too, and the next module that needs one starts it again."""
+    ray_manager.local()
+    try:
+        yield
+    finally:
+        ray_manager.shutdown()
+
+
+@ray.remote
+def _double(x: int) -> int:
+    return x * 2
+
+
+@ray.remote(num_cpus=1)
+def _measures_itself(execution_id: str, task_id: str, x: int) -> int:
+    with collect_ray_task_metrics(execution_id, task_id, 0, level=1):
+        return x * 2
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records
+        if r.name == "tracer" and r.levelno == logging.WARNING
+    ]
+
+
+def _check_lost(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every task's measurements recorded as lost to the shutdown; one warning said so."""
+    model = load_complete(path)
+    lost = instants_named(model, L.INSTANT_METRICS_LOST)
+    assert sorted(i.args[L.ARG_TASK_ID] for i in lost) == [f"t{i}" for i in range(NUM_TASKS)]
+    assert {i.args[L.ARG_REASON] for i in lost} == {RAY_SHUT_DOWN}
+    assert execution_slice(model).args[L.ARG_LOST_MEASUREMENTS] == NUM_TASKS
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "Ray was shut down" in warnings[0], warnings
+
+
+@pytest.mark.usefixtures("own_ray")
+def test_closing_after_ray_shutdown_starts_no_ray_and_records_the_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Received tasks whose measurements were not fetched yet (the return channel)."""
+    caplog.set_level(logging.WARNING, logger="tracer")
+    path = tmp_path / "shutdown.perfetto-trace"
+    ids = [f"t{i}" for i in range(NUM_TASKS)]
+    with ray_tracer("shutdown", level=1, path=path) as tracer:
+        assert tracer.enabled
+        refs = []
+        for i, task_id in enumerate(ids):
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "double")
+            refs.append(RayFunctionWrapper.wrap(_double).with_tracing(tracer, task_id).remote(i))
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
+        assert len(ready) == NUM_TASKS
+        # A fetch now (of nothing): the next is due 200 ms later, so the tasks received
+        # next are not fetched before the shutdown.
+        tracer.tasks_received_as_ready([])
+        tracer.tasks_received_as_ready(ids)
+        ray.shutdown()  # e.g. the runner's cleanup on its way out
+        closing = time.monotonic()
+    closed_in = time.monotonic() - closing
+    assert not ray.is_initialized()
+    assert closed_in < CLOSE_LIMIT_S
+    _check_lost(path, caplog)
+
+
+@pytest.mark.usefixtures("own_ray")
+def test_closing_after_ray_shutdown_with_a_metrics_actor_starts_no_ray(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tasks that measure themselves (the actor channel): neither draining the actor nor
+    removing it (``ray.kill``) may start a Ray."""
+    caplog.set_level(logging.WARNING, logger="tracer")
+    path = tmp_path / "shutdown-actor.perfetto-trace"
+    ids = [f"t{i}" for i in range(NUM_TASKS)]
+    with ray_tracer("shutdown-actor", level=1, metrics_actor=True, path=path) as tracer:
+        refs = []
+        for i, task_id in enumerate(ids):
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "measured")
+            tracer.task_dispatched(task_id)
+            refs.append(_measures_itself.remote("shutdown-actor", task_id, i))
+        assert ray.get(refs, timeout=60) == [i * 2 for i in range(NUM_TASKS)]
+        tracer.tasks_received_as_ready(ids)
+        ray.shutdown()
+        closing = time.monotonic()
+    closed_in = time.monotonic() - closing
+    assert not ray.is_initialized()
+    assert closed_in < CLOSE_LIMIT_S
+    _check_lost(path, caplog)
+    (gone,) = instants_named(load_complete(path), L.INSTANT_METRICS_ACTOR_LOST)
+    assert gone.args[L.ARG_REASON] == RAY_SHUT_DOWN
