@@ -32,7 +32,6 @@ import ray  # noqa: E402
 from own_driver import heavy, run_driver  # noqa: E402
 
 import tracer.integrations.daft as tdaft  # noqa: E402
-from tracer.errors import InvalidTracingLevelError  # noqa: E402
 from tracer.format import TraceModel, read_trace  # noqa: E402
 from tracer.ray import ENV_VAR, default_trace_dir  # noqa: E402
 from tracer.ray import layout as L  # noqa: E402
@@ -497,12 +496,63 @@ def test_tracing_level_from_daft_and_tracer_switches(
         assert tdaft.tracing_level(config) == level
 
 
-def test_install_rejects_a_bad_tracer_level(monkeypatch: pytest.MonkeyPatch) -> None:
-    tdaft.uninstall()
-    monkeypatch.setenv(ENV_VAR, "3")
-    with pytest.raises(InvalidTracingLevelError, match="TRACER_ENABLE_RAY_TRACING"):
+def test_a_bad_tracer_level_is_warned_about_once_and_runs_untraced(
+    daft_on_ray: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for Ray Data: one warning, and tracer's variable counts as off (Daft's own
+    switch still traces, see test_tracing_level_from_daft_and_tracer_switches)."""
+    monkeypatch.setattr(tdaft, "_WARNED", set(), raising=False)
+    monkeypatch.setenv(ENV_VAR, "banana")
+    files = trace_files()
+    with caplog.at_level("WARNING", logger="tracer"):
         tdaft.install()
-    assert not tdaft.is_installed()
+        tdaft.install()
+        assert run_query(enable_ray_tracing=False) == EXPECTED
+    assert tdaft.is_installed()
+    assert trace_files() == files
+    warned = [r.getMessage() for r in caplog.records if "'banana'" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "invalid $TRACER_ENABLE_RAY_TRACING 'banana'" in warned[0]
+
+
+FLOTILLA_JOB = """
+import io, logging
+import ray, daft
+ray.init()
+import tracer.integrations.daft as t
+from tracer.ray import default_trace_dir
+
+said = io.StringIO()
+logging.getLogger("tracer").addHandler(logging.StreamHandler(said))
+t.install()
+daft.set_runner_ray(noop_if_initialized=True)
+before = set(default_trace_dir().glob("daft.*"))
+
+def query(**config):
+    with daft.execution_config_ctx(enable_ray_tracing=True, **config):
+        return daft.from_pydict({"x": [1, 2, 3]}).with_column("y", daft.col("x") + 1).to_pydict()
+
+def told(tag):
+    new = set(default_trace_dir().glob("daft.*")) - before
+    print(tag, said.getvalue().count("needs Daft's legacy Ray runner"), len(new))
+
+for _ in range(2):
+    print("ROWS", query()["y"])
+told("FLOTILLA")
+print("ROWS", query(use_legacy_ray_runner=True)["y"])
+told("LEGACY")
+"""
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_tracing_on_daft_default_runner_says_it_needs_the_legacy_one() -> None:
+    """Daft's default runner (Flotilla) does not use Daft's tracing module: a query that
+    asks for tracing there writes no trace, and one warning per process says how to get
+    one. A driver of its own (Flotilla's actors end with its job)."""
+    lines = run_driver(FLOTILLA_JOB, DAFT_PROGRESS_BAR="0")
+    assert lines.count("ROWS [2, 3, 4]") == 3, lines
+    assert "FLOTILLA 1 0" in lines, lines  # two queries, no trace, one warning
+    assert "LEGACY 1 1" in lines, lines  # the legacy runner: traced, no other warning
 
 
 def test_install_refuses_a_runner_it_does_not_recognise(monkeypatch: pytest.MonkeyPatch) -> None:

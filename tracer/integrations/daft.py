@@ -46,6 +46,7 @@ import importlib
 import logging
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,21 +136,28 @@ def tracing_level(daft_execution_config: Any) -> TracingLevel:
 
     The higher of the two wins: ``enable_ray_tracing`` alone traces at level
     1, ``TRACER_ENABLE_RAY_TRACING=2`` adds memray. A bad value of tracer's
-    variable is reported by :func:`install`; seen only here (it changed
-    since), it is logged and ignored: an exception in Daft's scheduler
-    thread would leave the query waiting forever.
+    variable is warned about (once) and counts as off, as for Ray Data: an
+    exception in Daft's scheduler thread would leave the query waiting
+    forever.
     """
     daft_level = (
         TracingLevel.TIMELINE
         if getattr(daft_execution_config, "enable_ray_tracing", False)
         else TracingLevel.OFF
     )
+    return max(daft_level, _own_level())
+
+
+def _own_level() -> TracingLevel:
+    """``$TRACER_ENABLE_RAY_TRACING``'s level; a bad value: one warning, and off."""
     try:
-        own = resolve_level(None)
+        return resolve_level(None)
     except InvalidTracingLevelError as exc:
-        logger.warning("tracer: %s; ignored for Daft's execution", exc)
-        own = TracingLevel.OFF
-    return max(daft_level, own)
+        _warn_once(
+            f"tracer: {exc}; ignored: Daft's executions are traced only by Daft's own "
+            "switch (enable_ray_tracing, at level 1)"
+        )
+        return TracingLevel.OFF
 
 
 @contextlib.contextmanager
@@ -291,13 +299,14 @@ def install() -> None:
     traced. Idempotent; undone by :func:`uninstall`.
 
     Raises :class:`DaftIntegrationError` when Daft is not installed or its
-    runner module does not look like Daft 0.3.12 to 0.6.14's, and
-    :class:`~tracer.errors.InvalidTracingLevelError` for a bad
-    ``$TRACER_ENABLE_RAY_TRACING`` (better here than in Daft's scheduler
-    thread). Daft's Ray-client mode (``ray://`` addresses) runs the dispatch
-    loop in an actor of its own, which this does not reach.
+    runner module does not look like Daft 0.3.12 to 0.6.14's. A bad
+    ``$TRACER_ENABLE_RAY_TRACING`` is warned about (once) and counts as off,
+    as for Ray Data: tracing never stops a program. Daft's default runner
+    in 0.6 (Flotilla) is not traced: a query that asks for tracing there is
+    warned about, once. Daft's Ray-client mode (``ray://`` addresses) runs
+    the dispatch loop in an actor of its own, which this does not reach.
     """
-    resolve_level(None)
+    _own_level()
     try:
         import daft.runners
     except ImportError as exc:
@@ -311,6 +320,7 @@ def install() -> None:
         _replaced["module"] = sys.modules.get(DAFT_TRACING_MODULE)
         sys.modules[DAFT_TRACING_MODULE] = this
     daft.runners.ray_tracing = this
+    _hook_flotilla()
     runner = sys.modules.get(DAFT_RUNNER_MODULE)
     if runner is None or getattr(runner, "ray_tracing", None) is this:
         return  # it will import this module, or did
@@ -327,6 +337,7 @@ def uninstall() -> None:
         return
     import daft.runners
 
+    _unhook_flotilla()
     original = _replaced.pop("module", None)
     if original is None:
         del sys.modules[DAFT_TRACING_MODULE]
@@ -381,6 +392,66 @@ def _swap_in_runner(
     runner.ray_tracing = tracing
     for name, value in wrapped.items():
         setattr(runner, name, wrap(value.f))
+
+
+#: Daft's default Ray runner in 0.6 (Flotilla), which does not use DAFT_TRACING_MODULE.
+DAFT_FLOTILLA_MODULE = "daft.runners.flotilla"
+#: Said once per process when a query asks for tracing on Daft's default runner.
+FLOTILLA_WARNING = (
+    "tracer: this Daft query runs on Daft's default Ray runner (Flotilla), which is not "
+    "traced (no trace is written): tracing needs Daft's legacy Ray runner, "
+    "daft.set_execution_config(use_legacy_ray_runner=True) or DAFT_FLOTILLA=0"
+)
+
+
+def _hook_flotilla() -> None:
+    """Warn when a query that asks for tracing runs on Daft's default runner.
+
+    That runner never calls this module (Daft's own tracing is the legacy
+    runner's): without a word, the query would just write no trace. So
+    ``FlotillaRunner.stream_plan``, which starts each of its queries, first
+    checks the execution's level (read as the legacy runner reads it).
+    """
+    try:
+        flotilla = importlib.import_module(DAFT_FLOTILLA_MODULE)
+        runner_cls = flotilla.FlotillaRunner
+        original = runner_cls.__dict__["stream_plan"]
+    except Exception:  # a Daft without it (older): the legacy runner only
+        return
+    if getattr(original, "__tracer_hook__", False):
+        return
+
+    @functools.wraps(original)
+    def stream_plan(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # never into Daft's query
+            from daft.context import get_context
+
+            if tracing_level(get_context().daft_execution_config) > TracingLevel.OFF:
+                _warn_once(FLOTILLA_WARNING)
+        return original(self, *args, **kwargs)
+
+    stream_plan.__tracer_hook__ = True  # type: ignore[attr-defined]
+    runner_cls.stream_plan = stream_plan
+
+
+def _unhook_flotilla() -> None:
+    flotilla = sys.modules.get(DAFT_FLOTILLA_MODULE)
+    runner_cls = getattr(flotilla, "FlotillaRunner", None)
+    current = getattr(runner_cls, "__dict__", {}).get("stream_plan")
+    if getattr(current, "__tracer_hook__", False):
+        runner_cls.stream_plan = current.__wrapped__  # type: ignore[union-attr]
+
+
+_WARNED: set[str] = set()
+_WARN_LOCK = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _WARN_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    logger.warning(message)
 
 
 def _warn_if_unsupported(version: str) -> None:

@@ -14,7 +14,8 @@ When tracing is on, two things happen for each execution:
   to measure its tasks (:mod:`.worker`) and the operator gets a token;
 * when the execution starts, an :class:`~.execution.ExecutionTracer` opens
   its trace (``<session>/logs/tracer/ray-data.<dataset>.<timestamp>.perfetto-trace``,
-  or in :func:`enable`'s folder) and hooks the operators' task metrics; it
+  or in :func:`enable`'s folder), then the job's metrics actor starts if it
+  is not up (:mod:`.channel`), and it hooks the operators' task metrics; it
   follows every scheduling step and closes the trace when the execution
   succeeds or fails, logging where the trace is.
 
@@ -257,6 +258,7 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
     if s.folder is not None:
         path = s.folder / path.name
     writer: TraceWriter | None = None
+    ops: list[Any] = []
     try:
         # A callback created while tracing was off (one instance for every execution,
         # Ray before 2.55) set nothing up: from this execution on, it is set up.
@@ -281,6 +283,8 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = open_trace(path)
+        if tokens:  # the job's metrics actor, once the trace is open: none for a run untraced
+            channel().start()
         tracer = ExecutionTracer(executor, writer, s.level, channel(), tokens)
     except Exception as exc:
         logger.warning(
@@ -290,9 +294,24 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
+        with contextlib.suppress(Exception):
+            _untrace(ops)
+            channel().not_started()
         return None
     _PATHS.append(path)
     return tracer
+
+
+def _untrace(ops: list[Any]) -> None:
+    """An execution that runs untraced after all: its tasks measure nothing where their
+    operator's transformer is still to be sent (task pools, Ray 2.54+); the others'
+    measurements find no actor and are dropped."""
+    for op in ops:
+        if hasattr(op, _TOKEN_ATTR):
+            delattr(op, _TOKEN_ATTR)
+            transformer = compat.map_transformer(op)
+            if getattr(transformer, "_tracer_spec", None) is not None:
+                transformer._tracer_spec = None
 
 
 def _warn_once(message: str) -> None:

@@ -3,8 +3,10 @@
 One actor per Ray job (``tracer.ray.metrics_actor``, named after the job),
 shared by every traced Ray Data execution of the driver: an actor is a
 worker process (~1-2 s of CPU to start), which a pipeline of a few seconds
-should pay once, not per execution. It stays (idle, 0 CPUs) until the job
-ends or :meth:`MeasurementChannel.stop` (``disable()``) removes it. Each
+should pay once, not per execution. It is created once an execution's
+trace is open (a run whose trace cannot be created gets none) and stays
+(idle, 0 CPUs) until the job ends or :meth:`MeasurementChannel.stop`
+(``disable()``) removes it. Each
 measurement (workers send them in batches) names its operator's token;
 executions register their operators' tokens with a *sink* (a function that
 queues what it is given), and :meth:`MeasurementChannel.poll` routes what
@@ -67,23 +69,35 @@ class MeasurementChannel:
         self.answered = False
 
     def key(self) -> str:
-        """The actor's key for this job (workers send to it), creating the actor if needed."""
-        import ray
+        """The key of this job's actor, which workers send to (:meth:`start` creates it).
 
+        Given to an operator's tasks as it starts, before the execution's trace
+        is opened: a run whose trace cannot be created gets no actor.
+        """
+        with self._lock:
+            return self._current()[0]
+
+    def start(self) -> None:
+        """Create this job's actor, unless it is up (a traced execution is about to run)."""
         from tracer.ray.metrics_actor import create_metrics_actor
-        from tracer.ray.output import ray_session_dir
 
         with self._lock:
-            session = str(ray_session_dir())
-            job = ray.get_runtime_context().get_job_id()
-            # A new key for each actor: workers keep the handle they found for a key.
-            key = f"raydata-{job}-{self._generation}"
+            key, session = self._current()
             if self._actor is None or self._session != session or self._key != key:
                 # A new job or a new cluster (tests restart Ray): a new actor.
                 self._actor = create_metrics_actor(key)
                 self._session, self._key = session, key
                 self._pending, self.failed, self.answered = None, None, False
-            return self._key
+
+    def _current(self) -> tuple[str, str]:
+        """(this job's key, the Ray session): a new key for each actor, since workers
+        keep the handle they found for a key."""
+        import ray
+
+        from tracer.ray.output import ray_session_dir
+
+        job = ray.get_runtime_context().get_job_id()
+        return f"raydata-{job}-{self._generation}", str(ray_session_dir())
 
     def stop(self) -> bool:
         """Remove the job's actor, unless an execution still uses it; whether it was removed."""
@@ -98,6 +112,18 @@ class MeasurementChannel:
 
             ray.kill(actor)
         return True
+
+    def not_started(self) -> None:
+        """An execution whose operators were given :meth:`key` runs untraced after all.
+
+        With no actor up, the next actor gets a new key: a worker that looked
+        this one's actor up in vain keeps that answer (the untraced run's tasks
+        that had their transformer already: actor pools, and before Ray 2.54
+        every map operator's, sent as it starts).
+        """
+        with self._lock:
+            if self._actor is None and not self._sinks:
+                self._generation += 1
 
     def register(self, token: str, sink: Sink) -> None:
         with self._lock:

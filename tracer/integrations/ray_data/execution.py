@@ -378,11 +378,19 @@ class ExecutionTracer:
         usage, limits = figures
         tl = self._timeline
         tl.count_object_store_used(int(getattr(usage, "object_store_memory", 0) or 0))
+        keys = ("cpu", "gpu", "memory", "object_store_memory")
+        limit = {key: finite(getattr(limits, key, None)) for key in keys}
+        if not any(limit.values()):
+            # Ray Data's limits are all 0 until its resource manager has the cluster's
+            # resources from its autoscaling coordinator (~1 s into each execution, ~3 s
+            # on a new cluster): nothing is known to be available yet, and drawn as 0 it
+            # would look like a starved cluster.
+            return
         left: dict[str, float | None] = {}
-        for key in ("cpu", "gpu", "memory", "object_store_memory"):
-            limit = finite(getattr(limits, key, None))
+        for key in keys:
             used = finite(getattr(usage, key, None))
-            left[key] = None if limit is None or used is None else max(limit - used, 0.0)
+            lim = limit[key]
+            left[key] = None if lim is None or used is None else max(lim - used, 0.0)
         tl.sample_available(
             cpus=left["cpu"], gpus=left["gpu"], memory=left["memory"],
             object_store_memory=left["object_store_memory"],

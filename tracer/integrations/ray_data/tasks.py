@@ -74,10 +74,11 @@ class Stage:
         self.inflight = 0
 
 
-#: A line naming an exception and its message, as tracebacks end ("ValueError: boom").
-_EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.+)$"
-)
+#: Between the UDF's own exception and Ray Data's ``UserCodeException`` in its text.
+_CAUSE_LINE = "The above exception was the direct cause of the following exception:"
+#: The line naming an exception, as tracebacks end: "ValueError: boom", "mymod.BadRecord: x",
+#: or a class name alone (no message). Any class name: a UDF may raise anything.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?:: .*)?$")
 
 
 def data_error_args(error: BaseException) -> dict[str, str]:
@@ -86,16 +87,23 @@ def data_error_args(error: BaseException) -> dict[str, str]:
     Ray Data wraps a UDF's exception in ``UserCodeException`` ("UDF failed to
     process a data block", then retry advice) whose text carries the
     original traceback first: its "Type: message" line is what went wrong.
-    Any other error: :func:`~tracer.ray.task_errors.error_args`.
+    That is the first unindented line after the last frame before the (last)
+    "direct cause" line: the exception the UDF raised (the worker records the
+    same one), not one it was handling, nor a line of its message or source
+    (a message may have any lines; source lines are indented). Any other
+    error: :func:`~tracer.ray.task_errors.error_args`.
     """
-    args = error_args(error)
     text = str(error)
-    if "direct cause of the following exception" in text:
-        for line in text.splitlines():
-            match = _EXCEPTION_LINE.match(line.strip())
-            if match:
-                return {L.ARG_ERROR_TYPE: match.group(1), L.ARG_ERROR: line.strip()[:500]}
-    return args
+    if _CAUSE_LINE in text:
+        lines = text.rsplit(_CAUSE_LINE, 1)[0].splitlines()
+        frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+        for line in lines[frames[-1] + 1 if frames else 0:]:
+            if line.strip() and not line[0].isspace():
+                match = _EXCEPTION_LINE.match(line.rstrip())
+                if match:
+                    return {L.ARG_ERROR_TYPE: match.group(1), L.ARG_ERROR: line.strip()[:500]}
+                break
+    return error_args(error)
 
 
 def new_token() -> str:
