@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tracer.ray.connection import RAY_SHUT_DOWN, ray_connected
 from tracer.ray.task_metrics import Metrics
 
 __all__ = ["CLOSE_GRACE_S", "DRAIN_INTERVAL_S", "START_GRACE_S", "MeasurementChannel", "channel"]
@@ -107,10 +108,11 @@ class MeasurementChannel:
             actor, self._actor, self._pending = self._actor, None, None
             self._session = None
             self._generation += 1
-        with contextlib.suppress(Exception):
-            import ray
+        if ray_connected():  # after ray.shutdown(), ray.kill would start a new cluster
+            with contextlib.suppress(Exception):
+                import ray
 
-            ray.kill(actor)
+                ray.kill(actor)
         return True
 
     def not_started(self) -> None:
@@ -148,6 +150,10 @@ class MeasurementChannel:
         with self._lock:
             actor = self._actor
             if actor is None or self.failed is not None:
+                return False
+            if not ray_connected():  # Ray's calls would start a new cluster to answer
+                self.failed = RAY_SHUT_DOWN
+                self._pending = None
                 return False
             now = time.monotonic()
             try:
