@@ -127,3 +127,59 @@ def test_closing_after_ray_shutdown_with_a_metrics_actor_starts_no_ray(
     _check_lost(path, caplog)
     (gone,) = instants_named(load_complete(path), L.INSTANT_METRICS_ACTOR_LOST)
     assert gone.args[L.ARG_REASON] == RAY_SHUT_DOWN
+
+
+_UNCLOSED_DRIVER = r"""
+import sys, time
+import ray
+from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
+
+ray.init(address="local", num_cpus=2, object_store_memory=78643200, include_dashboard=False)
+
+@ray.remote
+def work(x):
+    time.sleep(0.01)
+    return x * 2
+
+session = ray_tracer("unclosed", runner_name="custom", level=1, path=sys.argv[1])
+tracer = session.__enter__()  # and never session.__exit__
+results = []
+for wave in range(20):
+    with tracer.dispatch_wave(wave) as m:
+        tracer.task_created(f"t{wave}", 0, ResourceRequest(num_cpus=1), "map")
+        with tracer.dispatching():
+            ref = RayFunctionWrapper.wrap(work).with_tracing(tracer, f"t{wave}").remote(wave)
+        with tracer.awaiting(num_returns=1, timeout=5):
+            ray.wait([ref], num_returns=1, timeout=5)
+        tracer.tasks_received_as_ready([f"t{wave}"])
+        results.append(ray.get(ref))
+        m(dispatched=1)
+print("RESULTS", results == [2 * w for w in range(20)], flush=True)
+# exits here: the tracer is never closed
+"""
+
+
+def test_a_driver_that_exits_with_its_tracer_open_leaves_a_whole_trace(tmp_path: Path) -> None:
+    """It used to leave the last second out, slices that never ended, and a warning blaming
+    an ImportError at the interpreter's shutdown."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(_UNCLOSED_DRIVER)
+    path = tmp_path / "unclosed.perfetto-trace"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "TRACER_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True,
+                          text=True, timeout=180, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "RESULTS True" in proc.stdout
+    assert "still open; closing it" in proc.stderr
+    assert "ImportError" not in proc.stderr and "Traceback" not in proc.stderr
+    model = load_complete(path)  # every slice ended, no problems
+    run = execution_slice(model)
+    assert run.args[L.ARG_ERROR_TYPE] == "DriverExitedError"
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert len(executions) == 20
+    assert not instants_named(model, L.INSTANT_METRICS_LOST)

@@ -13,10 +13,12 @@ with the trace so far on disk.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,52 @@ from tracer.ray.timeline import RunTimeline
 
 logger = logging.getLogger("tracer")
 
-__all__ = ["LifecycleCalls"]
+__all__ = ["DriverExitedError", "LifecycleCalls", "close_at_exit"]
+
+
+class DriverExitedError(Exception):
+    """What a run's trace says ended it when the driver exited with its tracer still open."""
+
+
+_open: weakref.WeakSet[LifecycleCalls] = weakref.WeakSet()
+_open_lock = threading.Lock()
+_atexit_registered = False
+
+
+def close_at_exit(tracer: LifecycleCalls) -> None:
+    """Close ``tracer`` at the interpreter's exit if its runner never does.
+
+    A driver that returns (or calls ``sys.exit``) with a tracer open left its
+    trace to whatever its threads managed while Python tore down: the last
+    second of the run missing, its slices never ended, and a warning blaming
+    an ``ImportError`` at shutdown. Closed here instead, before Ray's own
+    exit handler shuts Ray down (``atexit`` runs the last registered first,
+    and Ray registered its handler at ``ray.init``, before any tracer), the
+    trace ends like any other, its run's slice marked ``DriverExitedError``.
+    """
+    global _atexit_registered
+    with _open_lock:
+        _open.add(tracer)
+        if not _atexit_registered:
+            atexit.register(_close_open_tracers)
+            _atexit_registered = True
+
+
+def _close_open_tracers() -> None:
+    with _open_lock:
+        tracers = list(_open)
+        _open.clear()
+    for tracer in tracers:
+        if tracer._closed:
+            continue
+        logger.warning(
+            "tracer: the driver is exiting with the trace of execution %s still open; "
+            "closing it (%s)", tracer.execution_id, tracer.trace_path,
+        )
+        with contextlib.suppress(Exception):  # nothing may stop the interpreter's exit
+            tracer.close(
+                DriverExitedError("the driver exited with the tracer still open"), wait=True
+            )
 
 
 class LifecycleCalls:

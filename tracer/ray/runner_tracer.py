@@ -59,7 +59,7 @@ from tracer.ray.levels import TracingLevel
 from tracer.ray.null_tracer import NullRunnerTracer
 from tracer.ray.resources import ResourceRequest, as_request
 from tracer.ray.return_channel import CancelMark, ReturnChannel
-from tracer.ray.runner_lifecycle import LifecycleCalls
+from tracer.ray.runner_lifecycle import LifecycleCalls, close_at_exit
 from tracer.ray.runner_loop import LoopCalls
 from tracer.ray.runner_task import RunnerTask
 from tracer.ray.task_metrics import TaskContext
@@ -147,6 +147,7 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         writer.flush()
         self._flusher = Flusher(self.flush, f"tracer-flush-{execution_id}")
         self._last_settle = 0
+        close_at_exit(self)  # a runner that never closes it still gets a whole trace
 
     # ---------------------------------------------------------- dispatch loop
 
