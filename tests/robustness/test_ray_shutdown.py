@@ -141,8 +141,11 @@ def work(x):
     time.sleep(0.01)
     return x * 2
 
-session = ray_tracer("unclosed", runner_name="custom", level=1, path=sys.argv[1])
-tracer = session.__enter__()  # and never session.__exit__
+if sys.argv[2] == "kept":
+    session = ray_tracer("unclosed", runner_name="custom", level=1, path=sys.argv[1])
+    tracer = session.__enter__()  # and never session.__exit__
+else:  # the manager dropped at once: its generator is closed as it is collected
+    tracer = ray_tracer("unclosed", runner_name="custom", level=1, path=sys.argv[1]).__enter__()
 results = []
 for wave in range(20):
     with tracer.dispatch_wave(wave) as m:
@@ -159,9 +162,13 @@ print("RESULTS", results == [2 * w for w in range(20)], flush=True)
 """
 
 
-def test_a_driver_that_exits_with_its_tracer_open_leaves_a_whole_trace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("manager", ["kept", "dropped"])
+def test_a_driver_that_exits_with_its_tracer_open_leaves_a_whole_trace(
+    manager: str, tmp_path: Path
+) -> None:
     """It used to leave the last second out, slices that never ended, and a warning blaming
-    an ImportError at the interpreter's shutdown."""
+    an ImportError at the interpreter's shutdown (or hang there). With the manager dropped
+    at once, the tracer was closed as it was collected: every call after it did nothing."""
     import os
     import subprocess
     import sys
@@ -171,7 +178,7 @@ def test_a_driver_that_exits_with_its_tracer_open_leaves_a_whole_trace(tmp_path:
     path = tmp_path / "unclosed.perfetto-trace"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "TRACER_"))}
     env["RAY_AUTH_MODE"] = "disabled"
-    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), str(path), manager], capture_output=True,
                           text=True, timeout=180, env=env, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "RESULTS True" in proc.stdout

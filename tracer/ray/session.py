@@ -110,15 +110,27 @@ def ray_tracer(
         yield _NULL
         return
     error: BaseException | None = None
+    abandoned = False
     try:
         yield tracer
+    except GeneratorExit:
+        # The manager was dropped without its exit (``tracer = ray_tracer(...).__enter__()``
+        # with nothing holding the manager: its generator is closed as it is collected;
+        # a `with` block's end never closes it). The caller holds the tracer and goes on
+        # using it: closing it here left every later call a silent no-op and an empty
+        # trace. Its close() or the interpreter's exit closes it (close_at_exit).
+        abandoned = True
+        return
     except BaseException as exc:
         error = exc
         raise
     finally:
-        tracer.close(error)
-        # Not after a ray.shutdown(): ray.kill would start a new cluster to kill it in.
-        if actor is not None and ray.is_initialized():
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-        logger.info("tracer: trace of execution %s written to %s", execution_id, trace_path)
+        if not abandoned:
+            tracer.close(error)
+            # Not after a ray.shutdown(): ray.kill would start a new cluster to kill it in.
+            if actor is not None and ray.is_initialized():
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            logger.info(
+                "tracer: trace of execution %s written to %s", execution_id, trace_path
+            )
