@@ -56,6 +56,57 @@ def test_path_is_a_folder(tmp_path: Path) -> None:
         TraceWriter(tmp_path)
 
 
+def test_a_fifo_nobody_reads_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """open() of a FIFO waits for a reader: forever, for a trace path given by mistake."""
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            TraceWriter(fifo)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=open_it, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # unblock it: a reader comes, and the writer's open returns
+        with open(fifo, "rb"):
+            pass
+        pytest.fail("TraceWriter waited for a reader of the FIFO")
+    (exc,) = outcome
+    assert isinstance(exc, TraceWriteError) and "no process is reading" in str(exc)
+
+
+def test_an_uncompressed_trace_streams_to_a_fifo_someone_reads(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    writer = None
+    for _ in range(200):  # until the reader's open is under way
+        try:
+            writer = TraceWriter(fifo, compress=False)
+            break
+        except TraceWriteError as exc:
+            assert "no process is reading" in str(exc)
+            threading.Event().wait(0.05)
+    assert writer is not None
+    with writer as w:
+        track = w.track("lane")
+        w.begin(track, "work")
+        w.end(track)
+    reader.join(10)
+    assert [s.name for s in read_trace(got[0]).slices] == ["work"]
+
+
 def test_a_folder_root_cannot_write_into() -> None:
     path = Path(f"/proc/tracer-test-{os.getpid()}.perfetto-trace")
     with pytest.raises(TraceWriteError, match="cannot create trace file") as info:

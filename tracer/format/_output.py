@@ -17,6 +17,7 @@ import collections
 import contextlib
 import errno
 import os
+import stat
 import threading
 import zlib
 from pathlib import Path
@@ -255,9 +256,28 @@ def _open_for_writing(path: Path) -> Any:
     if path.is_dir():
         raise TraceWriteError(f"cannot create trace file {path}: it is a folder")
     try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        fifo = False  # not there yet: created below
+    if fifo:
+        return _open_fifo(path)
+    try:
         return open(path, "wb", buffering=0)
     except OSError as exc:
         raise TraceWriteError(f"cannot create trace file {path}: {exc.strerror or exc}") from exc
+
+
+def _open_fifo(path: Path) -> Any:
+    """A FIFO some process reads (an uncompressed trace streamed to it); one nobody reads
+    is an error at once, where a plain open would wait for a reader forever."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "it is a FIFO that no process is reading" if exc.errno == errno.ENXIO else (
+            exc.strerror or str(exc))
+        raise TraceWriteError(f"cannot create trace file {path}: {why}") from exc
+    os.set_blocking(fd, True)
+    return open(fd, "wb", buffering=0)
 
 
 # Padding uses TracePacket fields 14 and 15, which Perfetto leaves unused:
