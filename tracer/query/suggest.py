@@ -36,7 +36,7 @@ import pandas as pd
 from tracer.query.columns import is_missing, records
 from tracer.query.config import DEFAULT_HEADROOM
 from tracer.ray import layout as L
-from tracer.sizes import parse_size
+from tracer.sizes import InvalidSizeError, parse_size
 
 if TYPE_CHECKING:
     from tracer.query.api import TraceQuery
@@ -82,9 +82,14 @@ def memory_suggestions(
     """One row per stage of ``q``'s trace: the request to make; see the module doc."""
     _check_headroom(headroom)
     if node_memory is not None:
-        node_memory = parse_size(node_memory, "node_memory")  # "64 GiB", as --node-memory takes
+        given = node_memory
+        what = "node_memory must be a positive size (an int of bytes, or text like '64 GiB')"
+        try:
+            node_memory = parse_size(given, "node_memory")  # as --node-memory takes it
+        except InvalidSizeError as exc:
+            raise InvalidSizeError(f"{what}, got {given!r} ({exc})") from None
         if node_memory <= 0:
-            raise ValueError(f"node_memory must be more than 0 bytes, got {node_memory!r}")
+            raise InvalidSizeError(f"{what}, got {given!r}")
     level = q.run_info().get("tracing_level")
     basis = _BASIS.get(level) if isinstance(level, int) else None
     killed_at: dict[Any, int] = {}
