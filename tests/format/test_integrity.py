@@ -62,6 +62,12 @@ def test_damage_is_not_a_cut(whole: Path, tmp_path: Path) -> None:
     framing = check_framing(bad)
     assert framing.damaged_at == ends[0] and not framing.truncated and not framing.whole
     assert framing.records == 1 and framing.size == len(data) + 2
+    bad.write_bytes(data[: ends[0]] + b"\x0a" + b"\xff" * 11)  # a length of 11 bytes
+    framing = check_framing(bad)
+    assert framing.damaged_at == ends[0] and not framing.truncated
+    bad.write_bytes(data[: ends[0]] + b"\x0a\xff\xff")  # a length cut short: a cut
+    framing = check_framing(bad)
+    assert framing.truncated and framing.damaged_at is None and framing.complete == ends[0]
 
 
 def test_big_records_are_skipped_not_read(tmp_path: Path) -> None:

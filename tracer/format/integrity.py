@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from tracer.errors import TraceReadError
-from tracer.format._framing import _sniff
+from tracer.format._framing import _scan_varint, _sniff
 from tracer.format._gunzip import GZIP_MAGIC, Gunzip
 
 __all__ = ["Framing", "check_framing"]
@@ -98,18 +98,9 @@ def _walk(f: BinaryIO, what: str, *, gzip: bool) -> Framing:
             return Framing(records, base + pos, base + pos, False, None, gzip)
         if data[pos] != 0x0A:
             return Framing(records, _size(f, base + end, eof), base + pos, False, base + pos, gzip)
-        q = pos + 1
-        length = 0
-        shift = 0
-        while q < end and shift < 70:
-            byte = data[q]
-            q += 1
-            length |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-        else:
-            if shift >= 70:
+        length, q = _scan_varint(data, pos + 1)
+        if length is None:
+            if q < 0:  # a length of more than 10 bytes: damage
                 return Framing(records, _size(f, base + end, eof), base + pos, False, base + pos,
                                gzip)
             return Framing(records, base + end, base + pos, True, None, gzip)  # cut in a header

@@ -46,11 +46,11 @@ import importlib
 import logging
 import re
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracer._env import warn_once
 from tracer.errors import InvalidTracingLevelError, TracerError
 from tracer.ray import (
     MaterializedPlanWrapper,
@@ -153,7 +153,7 @@ def _own_level() -> TracingLevel:
     try:
         return resolve_level(None)
     except InvalidTracingLevelError as exc:
-        _warn_once(
+        warn_once(
             f"tracer: {exc}; ignored: Daft's executions are traced only by Daft's own "
             "switch (enable_ray_tracing, at level 1)"
         )
@@ -427,7 +427,7 @@ def _hook_flotilla() -> None:
             from daft.context import get_context
 
             if tracing_level(get_context().daft_execution_config) > TracingLevel.OFF:
-                _warn_once(FLOTILLA_WARNING)
+                warn_once(FLOTILLA_WARNING)
         return original(self, *args, **kwargs)
 
     stream_plan.__tracer_hook__ = True  # type: ignore[attr-defined]
@@ -442,16 +442,7 @@ def _unhook_flotilla() -> None:
         runner_cls.stream_plan = current.__wrapped__  # type: ignore[union-attr]
 
 
-_WARNED: set[str] = set()
-_WARN_LOCK = threading.Lock()
 
-
-def _warn_once(message: str) -> None:
-    with _WARN_LOCK:
-        if message in _WARNED:
-            return
-        _WARNED.add(message)
-    logger.warning(message)
 
 
 def _warn_if_unsupported(version: str) -> None:

@@ -30,11 +30,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-import threading
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracer._env import warn_once
 from tracer.errors import InvalidTracingLevelError
 from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data.channel import channel
@@ -65,8 +65,6 @@ _EXECUTOR_ATTR = "_tracer_ray_data"
 #: The attribute of a traced operator: its token.
 _TOKEN_ATTR = "_tracer_token"
 
-_WARNED: set[str] = set()
-_WARN_LOCK = threading.Lock()
 _PATHS: deque[Path] = deque(maxlen=100)
 
 
@@ -93,7 +91,7 @@ def settings(context: Any) -> Settings:
     try:
         return Settings(resolve_level(None))
     except InvalidTracingLevelError as exc:
-        _warn_once(f"tracer: {exc}; Ray Data runs untraced")
+        warn_once(f"tracer: {exc}; Ray Data runs untraced")
         return Settings(TracingLevel.OFF)
 
 
@@ -123,7 +121,7 @@ def enable(
         return False
     reason = compat.unsupported_reason()
     if reason is not None:
-        _warn_once(f"tracer: {reason}; Ray Data runs untraced")
+        warn_once(f"tracer: {reason}; Ray Data runs untraced")
         return False
     from ray.data import DataContext
 
@@ -213,7 +211,7 @@ class TracingCallback(ExecutionCallback):  # type: ignore[misc]
         try:
             tracer.close(error)
         except Exception as exc:  # never into Ray Data
-            _warn_once(f"tracer: closing the Ray Data trace failed ({type(exc).__name__}: {exc})")
+            warn_once(f"tracer: closing the Ray Data trace failed ({type(exc).__name__}: {exc})")
 
 
 def _fresh_callback() -> TracingCallback:
@@ -235,7 +233,7 @@ def _on_operator_start(op: Any) -> None:
         if trace_transformer(compat.map_transformer(op), spec):
             setattr(op, _TOKEN_ATTR, token)
     except Exception as exc:
-        _warn_once(
+        warn_once(
             f"tracer: Ray Data tasks cannot measure themselves ({type(exc).__name__}: {exc}); "
             "they are traced from the driver only"
         )
@@ -245,7 +243,7 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
     """The tracer of a starting execution, or None (off, unsupported, or it cannot start)."""
     reason = compat.unsupported_reason()
     if reason is not None:
-        _warn_once(f"tracer: {reason}; Ray Data runs untraced")
+        warn_once(f"tracer: {reason}; Ray Data runs untraced")
         return None
     s = settings(compat.data_context(executor))
     if s.level == TracingLevel.OFF:
@@ -275,7 +273,7 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
             if id(op) not in tokens and compat.is_map_operator(op)
         ]
         if unmeasured:
-            _warn_once(
+            warn_once(
                 f"tracer: the tasks of {', '.join(unmeasured)} are traced from the driver only "
                 "(the operators started before tracing was set up: with Ray before 2.55 and "
                 "RAY_DATA_EXECUTION_CALLBACKS, the first execution of a DataContext; "
@@ -313,10 +311,3 @@ def _untrace(ops: list[Any]) -> None:
             if getattr(transformer, "_tracer_spec", None) is not None:
                 transformer._tracer_spec = None
 
-
-def _warn_once(message: str) -> None:
-    with _WARN_LOCK:
-        if message in _WARNED:
-            return
-        _WARNED.add(message)
-    logger.warning(message)
