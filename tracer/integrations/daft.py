@@ -442,9 +442,6 @@ def _unhook_flotilla() -> None:
         runner_cls.stream_plan = current.__wrapped__  # type: ignore[union-attr]
 
 
-
-
-
 def _warn_if_unsupported(version: str) -> None:
     numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
     if len(numbers) == 3 and not SUPPORTED_DAFT[0] <= numbers <= SUPPORTED_DAFT[1]:
