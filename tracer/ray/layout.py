@@ -202,6 +202,15 @@ ARG_BYTES_IN = "bytes_in"
 ARG_BLOCKS_OUT = "blocks_out"
 ARG_ROWS_OUT = "rows_out"
 ARG_BYTES_OUT = "bytes_out"
+#: On a task slice (BEGIN), where one stage runs several Ray functions (Ray Data's
+#: all-to-all operators: ``ShuffleTaskSpec.map``, ``ShuffleTaskSpec.reduce``,
+#: ``_sample_block``...): the one this task runs.
+ARG_RAY_FUNCTION = "ray_function"
+#: On an ``awaiting`` slice of the loop (Ray Data's all-to-all operators): the round
+#: of tasks waited for (Ray Data's name of it: "Shuffle Map", "Shuffle Reduce",
+#: "Sort Sample", "Split Repartition") and how many tasks (ARG_TASKS).
+ARG_WAITING_FOR = "waiting_for"
+ARG_TASKS = "tasks"
 ARG_REASON = "reason"
 #: On the ``INSTANT_RAY_EVENTS`` instant (at the run's end), when Ray's events
 #: were read: how many executions got no Ray events (never arrived within the close's

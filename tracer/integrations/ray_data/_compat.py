@@ -44,6 +44,16 @@ below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
    :func:`~tracer.integrations.ray_data.enable` has no such gap). Tested on
    2.54.1 in a scratch venv, by hand.
 
+6. **All-to-all operators** (:mod:`.all_to_all`): ``AllToAllOperator`` and
+   its ``_bulk_fn``, Ray's ``RemoteFunction._remote`` (how every task is
+   submitted) and the class whose ``fetch_until_complete`` waits for a round
+   (``BaseProgressBar`` in ``ray.data._internal.progress.base_progress`` in
+   2.60, ``ProgressBar`` in ``ray.data._internal.progress_bar`` before): read
+   in 2.60's sources (tested there: pull-based and split repartition,
+   random shuffle, sorts under both shuffle strategies); where a piece is
+   missing, its operators' tasks end when the bulk function returns
+   (:func:`progress_bar_class`), or they are not traced (:func:`bulk_fn`).
+
 Everything else used (the executor's ``_topology``, ``_resource_manager``,
 ``_dataset_id``, ``_data_context``; ``op.metrics``, ``op.name``,
 ``op._ray_remote_args``; ``RefBundle.metadata``/``num_rows``/
@@ -58,7 +68,9 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+from tracer.ray.resources import ResourceRequest
 
 logger = logging.getLogger("tracer")
 
@@ -67,6 +79,15 @@ MIN_RAY = (2, 50)
 MIN_RAY_TEXT = "2.50"
 #: The Ray the integration was last tested with (CI runs the installed one).
 TESTED_RAY = "2.60.0"
+
+
+class _HasRef(Protocol):
+    ref: Any
+
+
+_R = TypeVar("_R", bound=_HasRef)
+
+
 #: Where a DataContext (2.55+) keeps callback classes.
 _CLASSES_FIELD = "custom_execution_callback_classes"
 
@@ -307,3 +328,160 @@ def is_map_operator(op: Any) -> bool:
     from ray.data._internal.execution.operators.map_operator import MapOperator
 
     return isinstance(op, MapOperator)
+
+
+# ------------------------------------------------------------ all-to-all operators (6)
+
+
+def bulk_fn(op: Any) -> Any:
+    """An all-to-all operator's bulk function (what runs its whole exchange), or None."""
+    try:
+        from ray.data._internal.execution.operators.base_physical_operator import (
+            AllToAllOperator,
+        )
+    except ImportError:
+        return None
+    if not isinstance(op, AllToAllOperator):
+        return None
+    fn = getattr(op, "_bulk_fn", None)
+    return fn if callable(fn) else None
+
+
+def set_bulk_fn(op: Any, fn: Any) -> None:
+    op._bulk_fn = fn
+
+
+def progress_bar_class() -> Any:
+    """The class whose ``fetch_until_complete`` waits for a round of tasks, or None."""
+    try:
+        from ray.data._internal.progress.base_progress import BaseProgressBar
+
+        return BaseProgressBar
+    except ImportError:
+        pass
+    try:
+        from ray.data._internal.progress_bar import ProgressBar
+
+        return ProgressBar
+    except ImportError:
+        return None
+
+
+def round_name(bar: Any) -> str:
+    """Ray Data's name of the round a sub-progress bar waits for ("Shuffle Map")."""
+    try:
+        name = bar.get_description()
+    except Exception:
+        name = getattr(bar, "_desc", None)
+    return str(name) if name else type(bar).__name__
+
+
+def returned_refs(result: Any) -> list[Any]:
+    """The object refs a task submission returned (none for a generator)."""
+    import ray
+
+    if isinstance(result, ray.ObjectRef):
+        return [result]
+    if isinstance(result, (list, tuple)) and result and all(
+        isinstance(r, ray.ObjectRef) for r in result
+    ):
+        return list(result)
+    return []
+
+
+def ref_task_id(ref: Any) -> str | None:
+    """Ray's id (hex) of the task that returns ``ref``."""
+    try:
+        task_id = ref.task_id()
+        return None if task_id.is_nil() else str(task_id.hex())
+    except Exception:
+        return None
+
+
+def submit_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``RemoteFunction._remote(args, kwargs, serialized_runtime_env_info, **options)``'s
+    arguments of the task, and its options."""
+    call_args = kwargs.get("args", args[0] if args else None) or ()
+    call_kwargs = kwargs.get("kwargs", args[1] if len(args) > 1 else None) or {}
+    options = {
+        k: v for k, v in kwargs.items()
+        if k not in ("args", "kwargs", "serialized_runtime_env_info")
+    }
+    return [*call_args, *call_kwargs.values()], options
+
+
+def is_ref(value: Any) -> bool:
+    import ray
+
+    return isinstance(value, ray.ObjectRef)
+
+
+def block_refs(bundles: Any) -> list[Any]:
+    """The block refs of a list of ``RefBundle`` (an all-to-all operator's input)."""
+    refs: list[Any] = []
+    for bundle in bundles or ():
+        for entry in getattr(bundle, "blocks", None) or ():
+            ref = getattr(entry, "ref", None)
+            if ref is None and isinstance(entry, tuple) and entry:
+                ref = entry[0]  # (ref, metadata) pairs before 2.60
+            if ref is not None:
+                refs.append(ref)
+    return refs
+
+
+def task_request(fn: Any, options: dict[str, Any]) -> ResourceRequest:
+    """A task's request: its options over its remote function's, Ray's default 1 CPU."""
+    merged = {**(getattr(fn, "_default_options", None) or {}), **options}
+    cpus = merged.get("num_cpus")
+    gpus = merged.get("num_gpus")
+    memory = merged.get("memory")
+    try:
+        return ResourceRequest(
+            num_cpus=1.0 if cpus is None else float(cpus),
+            num_gpus=None if gpus is None else float(gpus),
+            memory_bytes=None if memory is None else int(memory),
+        )
+    except (TypeError, ValueError):
+        return ResourceRequest()
+
+
+def function_name(fn: Any) -> str:
+    """A remote function's name as its code says it: ``ShuffleTaskSpec.map``."""
+    function = getattr(fn, "_function", None)
+    name = getattr(function, "__qualname__", None) or getattr(fn, "_function_name", None)
+    return str(name).replace("<locals>.", "") if name else "?"
+
+
+def finished(submitted: list[_R]) -> list[_R]:
+    """Of ``submitted``, those whose task Ray has finished (no wait, nothing fetched)."""
+    import ray
+
+    if not submitted:
+        return []
+    by_ref = {s.ref: s for s in submitted}
+    done, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0, fetch_local=False)
+    return [by_ref[ref] for ref in done]
+
+
+def task_error(ref: Any) -> BaseException | None:
+    """The error a finished task's result is, if it is one (``ref``: small, metadata)."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.GetTimeoutError:
+        return None
+    except Exception as exc:
+        return exc
+    return None
+
+
+def result_metadata(result: Any) -> tuple[int | None, int | None, str | None] | None:
+    """Rows, bytes and node of a task's output from Ray Data's block metadata, or None."""
+    meta = getattr(result, "metadata", result)
+    if not hasattr(meta, "num_rows") or not hasattr(meta, "size_bytes"):
+        return None
+    rows = meta.num_rows if isinstance(meta.num_rows, int) else None
+    size = meta.size_bytes if isinstance(meta.size_bytes, int) else None
+    node = getattr(getattr(meta, "exec_stats", None), "node_id", None)
+    return rows, size, node if isinstance(node, str) else None

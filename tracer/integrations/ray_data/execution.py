@@ -44,6 +44,7 @@ from typing import Any
 
 from tracer.format import TraceWriter
 from tracer.integrations.ray_data import _compat as compat
+from tracer.integrations.ray_data import all_to_all
 from tracer.integrations.ray_data.channel import (
     CLOSE_GRACE_S,
     START_GRACE_S,
@@ -60,6 +61,7 @@ from tracer.integrations.ray_data.tasks import (
 from tracer.ray import layout as L
 from tracer.ray.flusher import Flusher
 from tracer.ray.levels import TracingLevel
+from tracer.ray.resources import ResourceRequest
 from tracer.ray.task_errors import memory_at_kill, root_cause, where_from_error
 from tracer.ray.task_metrics import Metrics
 from tracer.ray.timeline import RunTimeline
@@ -106,6 +108,7 @@ class ExecutionTracer:
         self._arrived: collections.deque[list[Metrics]] = collections.deque()
         self._early: dict[tuple[int, int], list[Metrics]] = {}  # before their task's submission
         self._hooked: list[tuple[Any, str]] = []
+        self._bulk_released: list[Callable[[], None]] = []  # all-to-all operators' hooks
         # Executions ready to write, by start: (start_ns, order, measurements, task).
         self._ready: list[tuple[int, int, Metrics, DataTask]] = []
         self._order = 0
@@ -134,6 +137,15 @@ class ExecutionTracer:
         self._flusher = Flusher(self.flush, f"tracer-flush-{self.execution_id}")
 
     # ------------------------------------------------------------ guard
+
+    @property
+    def timeline(self) -> RunTimeline:
+        """What the facts are drawn by (under the lock: :meth:`guard`)."""
+        return self._timeline
+
+    def guard(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` under the lock, unless tracing stopped; an error stops it."""
+        self._guard(fn, *args)
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self._disabled:
@@ -170,6 +182,9 @@ class ExecutionTracer:
     # ------------------------------------------------------------ operator hooks
 
     def _hook(self, op: Any, stage: Stage) -> None:
+        release = all_to_all.hook_operator(op, stage, self)
+        if release is not None:
+            self._bulk_released.append(release)
         metrics = compat.op_metrics(op)
         if metrics is None:
             return
@@ -187,20 +202,44 @@ class ExecutionTracer:
                 if getattr(metrics.__dict__.get(name), "__tracer_hook__", False):
                     delattr(metrics, name)
         self._hooked = []
+        for release in self._bulk_released:
+            with contextlib.suppress(Exception):
+                release()
+        self._bulk_released = []
         for stage in self._stages.values():
             if stage.token is not None:
                 self._channel.unregister(stage.token)
 
     def _submitted(self, stage: Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, inputs, ray_task_id = compat.submitted_args(args, kwargs)
+        self.dispatch(
+            stage, index, compat.bundle_counts(inputs),
+            ray_task_id or compat.ray_task_id_of(stage.op, index),
+        )
+
+    def dispatch(
+        self,
+        stage: Stage,
+        index: int,
+        counts_in: tuple[int, int, int],
+        ray_task_id: str | None,
+        *,
+        request: ResourceRequest | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> DataTask:
+        """A task of ``stage`` submitted to Ray now (under the lock): its slices begin.
+
+        ``request``: the task's own (else its operator's); ``args``: more
+        annotations of its slice.
+        """
         now = self.writer.now()
         key = (stage.stage_id, index)
         task = self._timeline.task_created(
-            DataTask, f"{stage.stage_id}-{index}", stage.stage_id, stage.request, now,
-            stage_name=stage.name,
+            DataTask, f"{stage.stage_id}-{index}", stage.stage_id, request or stage.request,
+            now, stage_name=stage.name, args=args,
         )
-        task.counts_in = compat.bundle_counts(inputs)
-        task.ray_task_id = ray_task_id or compat.ray_task_id_of(stage.op, index)
+        task.counts_in = counts_in
+        task.ray_task_id = ray_task_id
         task.expects_measurements = stage.measured
         self._timeline.task_dispatched(task, now)
         task.key = key
@@ -211,6 +250,7 @@ class ExecutionTracer:
         self._step_dispatched += 1
         self._timeline.count_stage_inflight(stage.stage_id, stage.inflight)
         self._timeline.count_inflight(self._inflight)
+        return task
 
     def _output(self, stage: Stage, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         index, output = compat.output_args(args, kwargs)
@@ -237,10 +277,14 @@ class ExecutionTracer:
         now = self.writer.now()
         end = self._io_args(task)
         if error is not None:
-            end.update(self._failure(task, error, now))
+            end.update(self.failure(task, error, now))
+        self.end(stage, task, now, end)
+
+    def end(self, stage: Stage, task: DataTask, now: int, end_args: dict[str, Any]) -> None:
+        """``task`` of ``stage`` ended at ``now`` (under the lock), with ``end_args``."""
         task.ended = True
-        task.end_args = end
-        self._timeline.task_ended(task, now, end)
+        task.end_args = end_args
+        self._timeline.task_ended(task, now, end_args)
         stage.inflight -= 1
         self._inflight -= 1
         self._step_finished += 1
@@ -263,7 +307,7 @@ class ExecutionTracer:
         })
         return args
 
-    def _failure(self, task: DataTask, error: BaseException, now: int) -> dict[str, Any]:
+    def failure(self, task: DataTask, error: BaseException, now: int) -> dict[str, Any]:
         """The task's end annotations for ``error``; a task Ray killed is marked where it ran.
 
         A task whose own code raised sends its measurements (its execution then

@@ -370,11 +370,13 @@ class RunTimeline:
         instructions: str | None = None,
         stage_name: str | None = None,
         attempt: int = 0,
+        args: dict[str, Any] | None = None,
     ) -> _T:
         """A task left the plan at ``ts``: its slice begins on a free lane; a ``cls`` to keep.
 
         The stage is named ``stage_name``, else ``instructions``, the first time
         it is seen. ``attempt`` > 0: the runner created the task id again.
+        ``args``: more annotations of the task's slice (the producer's own).
         """
         stage = self.stages.for_new_task(stage_id, stage_name or instructions, ts)
         stage.tasks += 1
@@ -386,17 +388,19 @@ class RunTimeline:
         task = cls(task_id, stage_id, lane, flow, request)
         task.attempt = attempt
         task.created_ts = ts
-        args: dict[str, Any] = {
+        begin_args: dict[str, Any] = {
             L.ARG_TASK_ID: task_id,
             L.ARG_STAGE_ID: stage_id,
             L.ARG_STAGE: stage.name,
             L.ARG_RESOURCE_REQUEST: self._request_args(request),
         }
         if instructions:
-            args[L.ARG_INSTRUCTIONS] = instructions
+            begin_args[L.ARG_INSTRUCTIONS] = instructions
         if attempt:
-            args[L.ARG_ATTEMPT] = attempt
-        self.writer.begin(lane, stage.name, ts, category=L.CAT_TASK, args=args)
+            begin_args[L.ARG_ATTEMPT] = attempt
+        if args:
+            begin_args.update(args)
+        self.writer.begin(lane, stage.name, ts, category=L.CAT_TASK, args=begin_args)
         return task
 
     def _new_lane(self) -> Track:

@@ -1,0 +1,285 @@
+"""Ray Data's all-to-all operators, traced from the driver, on real Ray Data (one node).
+
+A random shuffle, a repartition and a sort submit and await their tasks inside
+one blocking call of Ray Data's scheduling loop; these tests check that each
+of those Ray tasks is in the trace (its stage, function, Ray task id, request,
+blocks and rows), that each round's wait is on the loop, and that a failure
+or a bug in the hooks never reaches the pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="Ray Data needs pip install -e '.[raydata]'")
+
+import ray
+import ray.data
+from engines_agree import assert_engines_agree
+from ray_data_checks import executions, load_data_trace, only_trace
+from ray_trace_checks import RunnerTrace
+
+import tracer.integrations.ray_data as traced_data
+from tracer.format.model import Slice
+from tracer.integrations.ray_data import _compat
+from tracer.ray import layout as L
+
+BLOCKS = 4
+ROWS = BLOCKS * 3
+
+
+@pytest.fixture(scope="module")
+def _module(ray_local: None) -> Iterator[None]:
+    yield
+    traced_data.disable()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_data_context(_module: None) -> Iterator[None]:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    strategy = ctx.shuffle_strategy
+    yield
+    ctx.shuffle_strategy = strategy
+    with contextlib.suppress(KeyError):
+        ctx.remove_config(traced_data.CONFIG_KEY)
+    _compat.unregister_callback(ctx, traced_data.TracingCallback)
+
+
+def same(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def fails_on_7(batch: dict[str, Any]) -> dict[str, Any]:
+    if 7 in list(batch["id"]):
+        raise ValueError("no 7 here")
+    return batch
+
+
+def _stage_tasks(rt: RunnerTrace, stage: str) -> list[Slice]:
+    return [t for t in rt.task_slices if t.name == stage]
+
+
+def _awaiting(rt: RunnerTrace) -> list[Slice]:
+    return [s for s in rt.loop_slices if s.name == L.SLICE_AWAITING]
+
+
+def _check_tasks(rt: RunnerTrace, tasks: list[Slice]) -> None:
+    """What every all-to-all task carries: its function, Ray's id in this job, a request,
+    a dispatched slice, an end."""
+    job = ray.get_runtime_context().get_job_id()
+    ids = [t.args[L.ARG_RAY_TASK_ID] for t in tasks]
+    assert len(set(ids)) == len(ids)
+    for task in tasks:
+        assert task.dur is not None, task
+        assert task.args[L.ARG_RAY_FUNCTION]
+        ray_id = task.args[L.ARG_RAY_TASK_ID]
+        assert len(ray_id) == 48 and ray_id.endswith(job), ray_id  # Ray's task ids end in the job's
+        assert task.args[L.ARG_RESOURCE_REQUEST]["num_cpus"] == 1  # Ray's default
+        (dispatched,) = [s for s in rt.dispatched_slices if s.parent_id == task.id]
+        assert dispatched.ts == task.ts and dispatched.dur == task.dur
+
+
+def _by_function(tasks: list[Slice]) -> dict[str, list[Slice]]:
+    out: dict[str, list[Slice]] = {}
+    for t in tasks:
+        out.setdefault(t.args[L.ARG_RAY_FUNCTION], []).append(t)
+    return out
+
+
+def test_a_random_shuffle_and_the_map_fused_into_it_are_traced(tmp_path: Path) -> None:
+    assert traced_data.enable(level=1, path=tmp_path)
+    rows = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same).random_shuffle()
+    assert sorted(r["id"] for r in rows.take_all()) == list(range(ROWS))
+
+    path = only_trace(tmp_path)
+    model, rt = load_data_trace(path)
+    stage = "ReadRange->MapBatches(same)->RandomShuffle"
+    assert [t.name for t in rt.stage_tracks] == [f"1: {stage}"]
+    (stage_slice,) = rt.stage_slices
+    assert stage_slice.args["num_tasks"] == 2 * BLOCKS
+    assert len(rt.launches(rt.stage_tracks[0])) == 2 * BLOCKS  # an arrow's start per task
+    tasks = _stage_tasks(rt, stage)
+    _check_tasks(rt, tasks)
+    assert not executions(model)  # Ray Data's own functions: nothing measured in workers
+    fns = _by_function(tasks)
+    assert set(fns) == {"ShuffleTaskSpec.map", "ShuffleTaskSpec.reduce"}
+    maps, reduces = fns["ShuffleTaskSpec.map"], fns["ShuffleTaskSpec.reduce"]
+    assert len(maps) == len(reduces) == BLOCKS
+    node = ray.get_runtime_context().get_node_id()
+    for t in maps:  # one input block each (not the fused map's function), split BLOCKS ways
+        assert t.args[L.ARG_BLOCKS_IN] == 1 and t.args[L.ARG_BLOCKS_OUT] == BLOCKS
+        assert t.args[L.ARG_ROWS_OUT] == ROWS // BLOCKS and t.args[L.ARG_NODE_ID] == node
+    for t in reduces:  # a slice of every map's output, one block
+        assert t.args[L.ARG_BLOCKS_IN] == BLOCKS and t.args[L.ARG_BLOCKS_OUT] == 1
+        assert t.args[L.ARG_BYTES_OUT] > 0
+    assert sum(t.args[L.ARG_ROWS_OUT] for t in reduces) == ROWS
+    assert not [t for t in tasks if L.ARG_STATUS in t.args]
+
+    # The loop: each round's wait, inside the wave that ran the exchange.
+    map_wait, reduce_wait = _awaiting(rt)
+    assert map_wait.args == {L.ARG_WAITING_FOR: "Shuffle Map", L.ARG_TASKS: BLOCKS}
+    assert reduce_wait.args == {L.ARG_WAITING_FOR: "Shuffle Reduce", L.ARG_TASKS: BLOCKS}
+    (wave,) = [s for s in rt.loop_slices if s.id == map_wait.parent_id]
+    assert wave.name == L.SLICE_WAVE and reduce_wait.parent_id == wave.id
+    assert wave.args[L.ARG_TASKS_DISPATCHED] == wave.args[L.ARG_TASKS_FINISHED] == 2 * BLOCKS
+    map_end = map_wait.ts + (map_wait.dur or 0)
+    for t in maps:  # submitted before the wait, seen done when it returned
+        assert t.ts <= map_wait.ts and map_end <= t.ts + (t.dur or 0) <= reduce_wait.ts
+    for t in reduces:
+        assert map_end <= t.ts <= reduce_wait.ts
+        assert t.ts + (t.dur or 0) >= reduce_wait.ts + (reduce_wait.dur or 0)
+    inflight = rt.counter_values(L.COUNTER_INFLIGHT)
+    assert max(inflight) == BLOCKS and inflight[-1] == 0
+    assert_engines_agree(path)
+
+
+def test_a_repartition_without_keys_is_traced_after_the_map_before_it(tmp_path: Path) -> None:
+    traced_data.enable(level=1, path=tmp_path)
+    ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same).repartition(3)
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(ROWS))
+
+    model, rt = load_data_trace(only_trace(tmp_path))
+    assert [t.name for t in rt.stage_tracks] == ["1: ReadRange->MapBatches(same)",
+                                                 "2: Repartition"]
+    # The map before it is traced as ever: measured in its workers.
+    measured = {e.args[L.ARG_TASK_ID] for e in executions(model)}
+    assert measured == {t.args[L.ARG_TASK_ID] for t in
+                        _stage_tasks(rt, "ReadRange->MapBatches(same)")}
+    assert len(measured) == BLOCKS
+    tasks = _stage_tasks(rt, "Repartition")
+    _check_tasks(rt, tasks)
+    fns = _by_function(tasks)
+    assert set(fns) == {"_split_single_block", "ShuffleTaskSpec.reduce"}
+    assert len(fns["ShuffleTaskSpec.reduce"]) == 3
+    assert sum(t.args[L.ARG_ROWS_OUT] for t in fns["ShuffleTaskSpec.reduce"]) == ROWS
+    assert [(s.args[L.ARG_WAITING_FOR], s.args[L.ARG_TASKS]) for s in _awaiting(rt)] == [
+        ("Split Repartition", 3)]
+    assert not [t for t in tasks if L.ARG_STATUS in t.args]
+
+
+@pytest.mark.parametrize("strategy", ["sort_shuffle_pull_based", "sort_shuffle_push_based"])
+def test_a_sort_under_either_shuffle_strategy_is_traced(strategy: str, tmp_path: Path) -> None:
+    from ray.data.context import ShuffleStrategy
+
+    ray.data.DataContext.get_current().shuffle_strategy = ShuffleStrategy(strategy)
+    traced_data.enable(level=1, path=tmp_path)
+    ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same).sort(
+        "id", descending=True)
+    assert [r["id"] for r in ds.take_all()] == list(range(ROWS))[::-1]
+
+    _, rt = load_data_trace(only_trace(tmp_path))
+    tasks = _stage_tasks(rt, "Sort")
+    _check_tasks(rt, tasks)
+    fns = _by_function(tasks)
+    assert len(fns.pop("_sample_block")) == BLOCKS
+    reduces = fns.pop("SortTaskSpec.reduce")
+    assert sum(t.args.get(L.ARG_ROWS_OUT, 0) for t in reduces) == ROWS
+    waits = Counter(s.args[L.ARG_WAITING_FOR] for s in _awaiting(rt))
+    if strategy == "sort_shuffle_pull_based":
+        assert set(fns) == {"SortTaskSpec.map"} and len(fns["SortTaskSpec.map"]) == BLOCKS
+        assert waits == {"Sort Sample": 1, "Shuffle Map": 1, "Shuffle Reduce": 1}
+    else:  # rounds of a map and a merge, each round's maps awaited
+        assert set(fns) == {"PushBasedShuffleTaskScheduler.execute.map_partition",
+                            "PushBasedShuffleTaskScheduler.execute.merge"}
+        assert {"Sort Sample", "Shuffle Map", "Shuffle Reduce"} == set(waits)
+    # Every task ended when the driver saw it done: none left unfinished at the end.
+    assert not [t for t in tasks if L.ARG_STATUS in t.args]
+
+
+def test_a_udf_fused_into_a_shuffle_that_raises(tmp_path: Path) -> None:
+    def pipeline() -> Any:
+        return ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(
+            fails_on_7).random_shuffle()
+
+    with pytest.raises(Exception) as untraced:
+        pipeline().materialize()
+    traced_data.enable(level=1, path=tmp_path)
+    with pytest.raises(Exception) as traced:
+        pipeline().materialize()
+    assert type(traced.value).__name__ == type(untraced.value).__name__
+    assert str(traced.value).splitlines()[-1] == str(untraced.value).splitlines()[-1]
+
+    _, rt = load_data_trace(only_trace(tmp_path))
+    (run,) = [s for s in rt.loop_slices if s.depth == 0]
+    assert "no 7 here" in run.args[L.ARG_ERROR]
+    tasks = _stage_tasks(rt, "ReadRange->MapBatches(fails_on_7)->RandomShuffle")
+    assert len(tasks) == BLOCKS  # the reduce round never started
+    assert all(t.dur is not None for t in tasks)
+    (failed,) = [t for t in tasks if t.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
+    assert failed.args[L.ARG_ERROR_TYPE] == "ValueError"
+    assert "no 7 here" in failed.args[L.ARG_ERROR]
+    # The others finished (no status) or were still running when Ray Data gave up.
+    assert {t.args.get(L.ARG_STATUS) for t in tasks if t is not failed} <= {
+        None, L.STATUS_UNFINISHED}
+    (wait,) = _awaiting(rt)
+    assert wait.dur is not None and wait.args[L.ARG_WAITING_FOR] == "Shuffle Map"
+
+
+def test_only_the_bulk_call_thread_tasks_are_traced_and_untraced_runs_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Ray tasks another thread submits meanwhile are not the operator's; once the
+    hooks are in, an execution that is not traced passes through them untouched."""
+
+    @ray.remote
+    def elsewhere() -> int:
+        return 1
+
+    def slow(batch: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.2)
+        return batch
+
+    traced_data.enable(level=1, path=tmp_path / "traced")
+    stop = threading.Event()
+    submitted: list[int] = []
+
+    def other_thread() -> None:
+        while not stop.is_set():
+            submitted.append(ray.get(elsewhere.remote()))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(slow).random_shuffle()
+        assert sorted(r["id"] for r in ds.take_all()) == list(range(ROWS))
+    finally:
+        stop.set()
+        thread.join()
+    assert len(submitted) > 3
+    _, rt = load_data_trace(only_trace(tmp_path / "traced"))
+    functions = Counter(t.args[L.ARG_RAY_FUNCTION] for t in rt.task_slices)
+    assert functions == {"ShuffleTaskSpec.map": BLOCKS, "ShuffleTaskSpec.reduce": BLOCKS}
+
+    traced_data.disable()
+    ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).random_shuffle()
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(ROWS))
+    assert len(list(tmp_path.rglob("*.perfetto-trace"))) == 1
+
+
+def test_a_bug_in_the_hooks_stops_tracing_not_the_shuffle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tracer.format import read_trace
+
+    def broken(fn: Any) -> str:
+        raise RuntimeError("a bug in the tracer")
+
+    monkeypatch.setattr(_compat, "function_name", broken)
+    traced_data.enable(level=1, path=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tracer"):
+        ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same).random_shuffle()
+        assert sorted(r["id"] for r in ds.take_all()) == list(range(ROWS))
+    assert "tracing stopped for Ray Data execution" in caplog.text
+    assert "RuntimeError: a bug in the tracer" in caplog.text
+    model = read_trace(only_trace(tmp_path))
+    assert {p.kind for p in model.problems} <= {"unterminated_slice"}, model.problems
