@@ -74,3 +74,31 @@ def test_executions_on_both_nodes_where_they_ran(_traced: Path) -> None:
         }, (node.name, worker)
     assert len(nodes_seen) == 2
     assert_engines_agree(only_trace(_traced))
+
+
+def test_a_shuffle_tasks_carry_the_node_they_ran_on(_traced: Path) -> None:
+    """A random shuffle's tasks (traced from the driver, no execution) say which node
+    each ran on: its fused map's rows name the same nodes (Ray Data spreads them)."""
+    for _ in range(3):
+        rows = (
+            ray.data.range(BLOCKS, override_num_blocks=BLOCKS)
+            .map_batches(slow_where)
+            .random_shuffle()
+            .take_all()
+        )
+        ran_on = {r["node"] for r in rows}
+        if len(ran_on) == 2:
+            break
+        for path in _traced.glob("*.perfetto-trace"):  # all on one node: again
+            path.unlink()
+    assert len(ran_on) == 2, ran_on
+
+    _, rt = load_data_trace(only_trace(_traced))
+    tasks = rt.task_slices
+    maps = [t for t in tasks if t.args[L.ARG_RAY_FUNCTION] == "ShuffleTaskSpec.map"]
+    reduces = [t for t in tasks if t.args[L.ARG_RAY_FUNCTION] == "ShuffleTaskSpec.reduce"]
+    assert len(maps) == len(reduces) == BLOCKS
+    # Each map task ran the fused map of one block: their nodes are the rows' nodes.
+    assert {t.args[L.ARG_NODE_ID] for t in maps} == ran_on
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {t.args[L.ARG_NODE_ID] for t in reduces} <= alive
