@@ -334,6 +334,13 @@ def test_a_failing_udf_fails_the_query_as_it_would_untraced(
     assert "fail_at_7" in failed[0].args[L.ARG_ERROR]
     (execution,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
     assert execution.args[L.ARG_LOST_MEASUREMENTS] == 0
+    # Daft's loop never gets the result itself: the task's own slice says it failed too.
+    failed_tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
+                    and s.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
+    assert [t.args[L.ARG_TASK_ID] for t in failed_tasks] == [failed[0].args[L.ARG_TASK_ID]]
+    assert failed_tasks[0].args[L.ARG_ERROR_TYPE] == "UDFException"
+    marks = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
+    assert [m.args[L.ARG_TASK_ID] for m in marks] == [failed[0].args[L.ARG_TASK_ID]]
 
 
 @pytest.mark.usefixtures("daft_on_ray")

@@ -291,15 +291,24 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
     def task_received_as_ready(self, task_id: str, stage_id: int | None = None) -> None:
         """The runner saw the task's result as ready.
 
-        Its measurements are fetched at the end of the wave. Runners that
-        receive tasks in batches should prefer :meth:`tasks_received_as_ready`.
-        ``stage_id`` is accepted for Daft's runner, which passes it; the
-        tracer knows every task's stage since :meth:`task_created`.
+        Completed as :meth:`tasks_received_as_ready` completes a batch: its
+        measurements are fetched with others', and a task whose result is an
+        error (a runner that never ``ray.get``\ s it itself, as Daft's loop,
+        would not say so) ends ``failed`` with it, marked where it ran; the
+        failures are not returned. Runners that receive tasks in batches
+        should prefer :meth:`tasks_received_as_ready`. ``stage_id`` is
+        accepted for Daft's runner, which passes it; the tracer knows every
+        task's stage since :meth:`task_created`.
         """
         task = self._tasks.pop(str(task_id), None)
         if task is None:
             return
-        self._finish_task(task, self.writer.now(), None)
+        now = self.writer.now()
+        task.received_ts = now
+        self._timeline.release(task, now)  # its slices end at `now`, written later
+        self._received.append(task)
+        if len(self._received) >= _FETCH_BATCH or now - self._last_fetch >= _FETCH_INTERVAL_NS:
+            self._complete_received()
 
     @guarded_failures
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
