@@ -293,7 +293,7 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
 
         Completed as :meth:`tasks_received_as_ready` completes a batch: its
         measurements are fetched with others', and a task whose result is an
-        error (a runner that never ``ray.get``\ s it itself, as Daft's loop,
+        error (a runner that never calls ``ray.get`` on it, as Daft's loop,
         would not say so) ends ``failed`` with it, marked where it ran; the
         failures are not returned. Runners that receive tasks in batches
         should prefer :meth:`tasks_received_as_ready`. ``stage_id`` is

@@ -68,7 +68,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from tracer.ray.resources import ResourceRequest
 
@@ -79,13 +79,6 @@ MIN_RAY = (2, 50)
 MIN_RAY_TEXT = "2.50"
 #: The Ray the integration was last tested with (CI runs the installed one).
 TESTED_RAY = "2.60.0"
-
-
-class _HasRef(Protocol):
-    ref: Any
-
-
-_R = TypeVar("_R", bound=_HasRef)
 
 
 #: Where a DataContext (2.55+) keeps callback classes.
@@ -410,6 +403,11 @@ def submit_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any
     return [*call_args, *call_kwargs.values()], options
 
 
+def ref_key(ref: Any) -> bytes:
+    """An object's id, which does not keep it alive as its ref does."""
+    return bytes(ref.binary())
+
+
 def is_ref(value: Any) -> bool:
     import ray
 
@@ -452,19 +450,18 @@ def function_name(fn: Any) -> str:
     return str(name).replace("<locals>.", "") if name else "?"
 
 
-def finished(submitted: list[_R]) -> list[_R]:
-    """Of ``submitted``, those whose task Ray has finished (no wait, nothing fetched)."""
+def ready(refs: list[Any]) -> list[Any]:
+    """Of ``refs``, those ready now (no wait, nothing fetched)."""
     import ray
 
-    if not submitted:
+    if not refs:
         return []
-    by_ref = {s.ref: s for s in submitted}
-    done, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0, fetch_local=False)
-    return [by_ref[ref] for ref in done]
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    return list(done)
 
 
 def task_error(ref: Any) -> BaseException | None:
-    """The error a finished task's result is, if it is one (``ref``: small, metadata)."""
+    """The error a finished task's result is, if it is one (``ref``: a small result)."""
     import ray
 
     try:

@@ -22,9 +22,10 @@ lanes. So, while a traced operator's bulk function runs, in that thread only:
   the operator that Ray has finished (a push-based shuffle's merges): a task
   ends when the driver sees it done, as the runner's tasks end when its loop
   receives them;
-* when the bulk function returns, what is left ends; if it raised, a task
-  whose result is an error carries it (``failed``), and the tasks it
-  abandoned end ``unfinished``.
+* a wait that raised (a task failed) ends the tasks it waited for that
+  finished, those whose result is an error with it (``failed``); when the
+  bulk function returns, what Ray finished ends, and what it abandoned
+  ends ``unfinished``.
 
 Their executions are not drawn on worker tracks: these tasks run Ray Data's
 functions, not an operator's transformer, which is what measures map tasks
@@ -155,15 +156,16 @@ def _fetch_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 class _Submitted:
     """A task of the operator, submitted and not yet seen done."""
 
-    __slots__ = ("blocks_in", "function", "last_ref", "num_refs", "ray_task_id", "ref", "task")
+    __slots__ = ("blocks_in", "function", "num_refs", "ray_task_id", "ref", "task")
 
     def __init__(
         self, task: DataTask, refs: list[Any], ray_task_id: str, blocks_in: int, function: str
     ) -> None:
         self.task = task
         self.function = function
-        self.ref = refs[0]  # ready once the task finished, whichever it is
-        self.last_ref = refs[-1]  # Ray Data's metadata, where the task returns blocks too
+        # Ready once the task finished. Held only while the task is open: Ray Data holds
+        # the task's results at least as long.
+        self.ref = refs[0]
         self.num_refs = len(refs)
         self.ray_task_id = ray_task_id
         self.blocks_in = blocks_in
@@ -182,9 +184,10 @@ class _BulkCall:
         self._next_index = 0
         self._open: dict[str, _Submitted] = {}
         self._awaiting = 0  # awaiting slices begun on the loop and not ended
-        # Blocks of this exchange (its input's, its tasks' outputs), to count what a task
-        # reads: its other ref arguments are not blocks (a fused map's function).
-        self._blocks: set[Any] = set()
+        # The ids (not the refs: they would keep the objects alive) of the blocks of
+        # this exchange, its input's and its tasks' outputs, to count what a task reads:
+        # its other ref arguments are not blocks (a fused map's function).
+        self._blocks: set[bytes] = set()
         # Functions whose results a round fetched: their tasks end when theirs is fetched.
         self._fetched_functions: set[str] = set()
 
@@ -210,7 +213,7 @@ class _BulkCall:
     # ------------------------------------------------------------ the facts
 
     def _begin(self, input_bundles: Any) -> None:
-        self._blocks = set(compat.block_refs(input_bundles))
+        self._blocks = {compat.ref_key(r) for r in compat.block_refs(input_bundles)}
 
     def _submitted(
         self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
@@ -222,8 +225,9 @@ class _BulkCall:
         if ray_task_id is None:
             return
         call_args, options = compat.submit_call(args, kwargs)
-        blocks_in = sum(1 for a in call_args if compat.is_ref(a) and a in self._blocks)
-        self._blocks.update(refs)
+        blocks = self._blocks
+        blocks_in = sum(1 for a in call_args if compat.is_ref(a) and compat.ref_key(a) in blocks)
+        blocks.update(compat.ref_key(r) for r in refs)
         index = self._next_index
         self._next_index += 1
         function = compat.function_name(fn)
@@ -250,8 +254,24 @@ class _BulkCall:
                 sub = self._open.pop(compat.ref_task_id(ref) or "", None)
                 if sub is not None:
                     self._fetched_functions.add(sub.function)
-                    self._end(sub, now, result if ref == sub.last_ref else None)
-        self._end_finished(now, error)
+                    self._end(sub, now, self._io_args(sub, result))
+        else:
+            # The wait raised: of the tasks it waited for, those finished, each with its
+            # error if its result is one (what it fetched is Ray Data's small metadata).
+            waited: dict[str, tuple[_Submitted, Any]] = {}
+            for ref in refs:
+                sub = self._open.get(compat.ref_task_id(ref) or "")
+                if sub is not None:
+                    waited[sub.ray_task_id] = (sub, ref)
+            by_ref = {ref: sub for sub, ref in waited.values()}
+            for ref in compat.ready(list(by_ref)):
+                sub = self._open.pop(by_ref[ref].ray_task_id)
+                args = self._io_args(sub, None)
+                failure = compat.task_error(ref)
+                if failure is not None:
+                    args.update(self._tracer.failure(sub.task, failure, now))
+                self._end(sub, now, args)
+        self._end_finished(now, everything=error is not None)
 
     def _done(self, error: BaseException | None) -> None:
         tl = self._tracer.timeline
@@ -259,36 +279,27 @@ class _BulkCall:
             self._awaiting -= 1
             tl.end_loop()
         now = self._tracer.writer.now()
-        self._end_finished(now, error, everything=True)
+        self._end_finished(now, everything=True)
         for sub in list(self._open.values()):
-            self._tracer.end(self._stage, sub.task, now, {
-                **self._io_args(sub, None), L.ARG_STATUS: L.STATUS_UNFINISHED,
-            })
+            self._end(sub, now, {**self._io_args(sub, None), L.ARG_STATUS: L.STATUS_UNFINISHED})
         self._open.clear()
         self._blocks.clear()
         self._fetched_functions.clear()
 
-    def _end_finished(
-        self, now: int, error: BaseException | None, everything: bool = False
-    ) -> None:
+    def _end_finished(self, now: int, everything: bool) -> None:
         """End the open tasks Ray has finished whose results no round fetches (a push-based
-        shuffle's merges, a split repartition's splits: else they end with their round,
-        their output counted); after ``error`` or with ``everything``, all that finished,
-        those whose result is an error with it."""
-        candidates = [
-            sub for sub in self._open.values()
-            if everything or error is not None or sub.function not in self._fetched_functions
-        ]
-        for sub in compat.finished(candidates):
-            del self._open[sub.ray_task_id]
-            failure = compat.task_error(sub.last_ref) if error is not None else None
-            args = self._io_args(sub, None)
-            if failure is not None:
-                args.update(self._tracer.failure(sub.task, failure, now))
-            self._tracer.end(self._stage, sub.task, now, args)
+        shuffle's merges, a split repartition's splits: the others end with their round,
+        their output counted); ``everything``: all that finished."""
+        by_ref = {
+            sub.ref: sub for sub in self._open.values()
+            if everything or sub.function not in self._fetched_functions
+        }
+        for ref in compat.ready(list(by_ref)):
+            sub = self._open.pop(by_ref[ref].ray_task_id)
+            self._end(sub, now, self._io_args(sub, None))
 
-    def _end(self, sub: _Submitted, now: int, result: Any) -> None:
-        self._tracer.end(self._stage, sub.task, now, self._io_args(sub, result))
+    def _end(self, sub: _Submitted, now: int, args: dict[str, Any]) -> None:
+        self._tracer.end(self._stage, sub.task, now, args)
 
     @staticmethod
     def _io_args(sub: _Submitted, result: Any) -> dict[str, Any]:
