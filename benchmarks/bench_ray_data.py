@@ -4,11 +4,15 @@ Run by hand (it is not a test), from the project root:
 
     .venv/bin/python benchmarks/bench_ray_data.py                    # 2000 tasks, ~10-15 min
     .venv/bin/python benchmarks/bench_ray_data.py --tasks 500 --repeats 2 --levels none,0,1
+    .venv/bin/python benchmarks/bench_ray_data.py --shuffle --tasks 200 --levels none,1
 
 It starts a local Ray (``--num-cpus``, default 2) and runs
 ``ray.data.range(T, override_num_blocks=T).map_batches(noop).materialize()``
 (T tasks of one fused operator) under each setting, interleaved and rotated
-in every repetition after one untimed warm-up:
+in every repetition after one untimed warm-up; with ``--shuffle``,
+``...map_batches(noop).random_shuffle().materialize()``: an all-to-all
+operator with the map fused into it, T map and T reduce tasks, traced from
+the driver (:mod:`tracer.integrations.ray_data.all_to_all`):
 
 * ``none``: nothing registered (plain Ray Data);
 * ``0``: ``RAY_DATA_EXECUTION_CALLBACKS`` names the callback, the level is unset
@@ -45,7 +49,7 @@ def noop(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def run(tasks: int, setting: str, folder: Path) -> tuple[float, Path | None]:
+def run(tasks: int, setting: str, folder: Path, shuffle: bool = False) -> tuple[float, Path | None]:
     os.environ.pop("RAY_DATA_EXECUTION_CALLBACKS", None)
     os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
     traced_data.disable()
@@ -55,7 +59,8 @@ def run(tasks: int, setting: str, folder: Path) -> tuple[float, Path | None]:
         traced_data.enable(level=int(setting), path=folder)
     before = len(traced_data.trace_paths())
     start = time.perf_counter()
-    ray.data.range(tasks, override_num_blocks=tasks).map_batches(noop).materialize()
+    ds = ray.data.range(tasks, override_num_blocks=tasks).map_batches(noop)
+    (ds.random_shuffle() if shuffle else ds).materialize()
     elapsed = time.perf_counter() - start
     paths = traced_data.trace_paths()
     return elapsed, paths[-1] if len(paths) > before else None
@@ -67,6 +72,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--levels", default="none,0,1,2")
     parser.add_argument("--num-cpus", type=int, default=2)
+    parser.add_argument("--shuffle", action="store_true",
+                        help="a random shuffle with the map fused into it (2 tasks a block)")
     args = parser.parse_args()
     settings = [s.strip() for s in args.levels.split(",") if s.strip()]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -75,19 +82,22 @@ def main() -> None:
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     folder = Path(tempfile.mkdtemp(prefix="bench-ray-data-"))
-    run(min(args.tasks, 200), "1", folder)  # warm-up: workers, the metrics actor, imports
+    tasks_run = args.tasks * (2 if args.shuffle else 1)
+    # warm-up: workers, the metrics actor, imports
+    run(min(args.tasks, 200), "1", folder, args.shuffle)
     times: dict[str, list[float]] = {s: [] for s in settings}
     sizes: list[float] = []
     for rep in range(args.repeats):
         order = settings[rep % len(settings):] + settings[: rep % len(settings)]
         for setting in order:
-            elapsed, path = run(args.tasks, setting, folder)
+            elapsed, path = run(args.tasks, setting, folder, args.shuffle)
             times[setting].append(elapsed)
             if setting == "1" and path is not None:
-                sizes.append(path.stat().st_size / args.tasks)
+                sizes.append(path.stat().st_size / tasks_run)
             print(f"  rep {rep} level {setting:>4}: {elapsed:6.2f} s", flush=True)
     base = statistics.median(times[settings[0]])
-    print(f"\n{args.tasks} tasks, {args.repeats} repetitions, {args.num_cpus} CPUs "
+    print(f"\n{tasks_run} tasks{' (random shuffle)' if args.shuffle else ''}, "
+          f"{args.repeats} repetitions, {args.num_cpus} CPUs "
           f"(medians; spread = min-max; ratio to '{settings[0]}')")
     failed = False
     for setting in settings:

@@ -375,10 +375,8 @@ def returned_refs(result: Any) -> list[Any]:
 
     if isinstance(result, ray.ObjectRef):
         return [result]
-    if isinstance(result, (list, tuple)) and result and all(
-        isinstance(r, ray.ObjectRef) for r in result
-    ):
-        return list(result)
+    if isinstance(result, list) and result and isinstance(result[0], ray.ObjectRef):
+        return result  # num_returns > 1: Ray's list of refs
     return []
 
 
@@ -403,15 +401,20 @@ def submit_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any
     return [*call_args, *call_kwargs.values()], options
 
 
-def ref_key(ref: Any) -> bytes:
-    """An object's id, which does not keep it alive as its ref does."""
-    return bytes(ref.binary())
+def ref_keys(refs: list[Any]) -> set[int]:
+    """Keys of objects (their ids' hashes) that, unlike their refs, do not keep them alive.
+
+    Per ref in C (~60 ns): a pull-based shuffle of N blocks passes N^2 refs.
+    """
+    return set(map(hash, refs))
 
 
-def is_ref(value: Any) -> bool:
+def count_known(values: list[Any], keys: set[int]) -> int:
+    """How many of ``values`` are refs of objects among ``keys`` (:func:`ref_keys`)."""
     import ray
 
-    return isinstance(value, ray.ObjectRef)
+    refs = [v for v in values if isinstance(v, ray.ObjectRef)]
+    return sum(map(keys.__contains__, map(hash, refs)))
 
 
 def block_refs(bundles: Any) -> list[Any]:

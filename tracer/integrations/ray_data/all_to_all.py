@@ -187,7 +187,7 @@ class _BulkCall:
         # The ids (not the refs: they would keep the objects alive) of the blocks of
         # this exchange, its input's and its tasks' outputs, to count what a task reads:
         # its other ref arguments are not blocks (a fused map's function).
-        self._blocks: set[bytes] = set()
+        self._blocks: set[int] = set()
         # Functions whose results a round fetched: their tasks end when theirs is fetched.
         self._fetched_functions: set[str] = set()
 
@@ -213,7 +213,7 @@ class _BulkCall:
     # ------------------------------------------------------------ the facts
 
     def _begin(self, input_bundles: Any) -> None:
-        self._blocks = {compat.ref_key(r) for r in compat.block_refs(input_bundles)}
+        self._blocks = compat.ref_keys(compat.block_refs(input_bundles))
 
     def _submitted(
         self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
@@ -225,9 +225,8 @@ class _BulkCall:
         if ray_task_id is None:
             return
         call_args, options = compat.submit_call(args, kwargs)
-        blocks = self._blocks
-        blocks_in = sum(1 for a in call_args if compat.is_ref(a) and compat.ref_key(a) in blocks)
-        blocks.update(compat.ref_key(r) for r in refs)
+        blocks_in = compat.count_known(call_args, self._blocks)
+        self._blocks |= compat.ref_keys(refs)
         index = self._next_index
         self._next_index += 1
         function = compat.function_name(fn)
