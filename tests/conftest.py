@@ -20,6 +20,7 @@ run's own (``RAY_TMPDIR``), watched by that plugin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -73,19 +74,46 @@ def _interruptible_workers() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@contextlib.contextmanager
+def _agent_on_a_port_of_its_own() -> Iterator[None]:
+    """The local Ray's dashboard agent listens on a port the system picks, not on Ray's
+    fixed default (52365), which the Rays that tests start meanwhile in subprocesses (the
+    examples run as scripts, drivers with a Ray of their own) then find free.
+
+    This Ray lives through most of the run. With it on 52365, each of those Rays' agent
+    retried that port for ~3.4 s and gave up, and its ``ray.init`` waited for it: ~4 s
+    more per start, 15 starts in a run. ``ray.init`` takes no such port; 0 is what
+    ``ray.cluster_utils`` gives its worker nodes' agents for the same reason.
+    """
+    from ray._private import parameter
+
+    init = parameter.RayParams.__init__
+
+    def init_any_agent_port(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.dashboard_agent_listen_port = 0
+
+    parameter.RayParams.__init__ = init_any_agent_port
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = init
+
+
 def _start_local() -> None:
     """A new local Ray (2 CPUs), connected; nothing left on failure."""
     import ray
 
     try:
-        ray.init(
-            address="local",  # always a new local instance, never a cluster already running
-            num_cpus=2,
-            object_store_memory=OBJECT_STORE_MEMORY,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env=_worker_env(),
-        )
+        with _agent_on_a_port_of_its_own():
+            ray.init(
+                address="local",  # always a new local instance, never a cluster already running
+                num_cpus=2,
+                object_store_memory=OBJECT_STORE_MEMORY,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=_worker_env(),
+            )
     except BaseException:
         if ray.is_initialized():
             ray.shutdown()

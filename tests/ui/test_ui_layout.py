@@ -1,11 +1,12 @@
 """Runner traces in the real Perfetto UI: what a user sees, top-down.
 
-Each test writes a trace with real Ray (the mock workload of examples/ at levels 1 and 2,
-a two-node run, a run with failures), opens it in Perfetto's own UI through
-../shared/perfetto-ui/ui-screenshot.sh and checks the UI's track tree (names, nesting,
-order, renderers, counts) against the trace, and that the UI loaded it without a dialog,
-an import error or a data loss. Skipped where that folder is absent. The screenshots stay
-in .ui-screenshots/<test>/ (ui_shot.OUT_ROOT; named in any failure).
+Each test has a trace written with real Ray (the mock workload of examples/ at levels 2 and
+1, both written by one run of the example's driver; a two-node run; a run with failures),
+opens it in Perfetto's own UI through ../shared/perfetto-ui/ui-screenshot.sh and checks the
+UI's track tree (names, nesting, order, renderers, counts) against the trace, and that the UI
+loaded it without a dialog, an import error or a data loss. Skipped where that folder is
+absent. The screenshots stay in .ui-screenshots/<test>/ (ui_shot.OUT_ROOT; named in any
+failure).
 """
 
 from __future__ import annotations
@@ -34,27 +35,52 @@ def _ui_available() -> None:
     script()  # skips the module before any trace is written when there is no UI
 
 
-def _mock_workload(path: Path, level: int) -> Path:
-    """examples/big_task_heap_usage.py, small, in a Ray of its own (as a user runs it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+#: The example run once per level, in one driver (as a script calling its main() once per
+#: level would): one Ray start for both, not two. Each argument after the example is
+#: LEVEL=TRACE, run in that order.
+_RUN_AT_EACH_LEVEL = """
+import runpy, sys
+example, *runs = sys.argv[1:]
+for run in runs:
+    level, trace = run.split("=", 1)
+    sys.argv = [example, "--num-partitions", "4", "--num-rows-per-partition", "20000",
+                "--tracing-level", level, "--trace-out", trace]
+    runpy.run_path(example, run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def mock_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """examples/big_task_heap_usage.py, small, in a Ray of its own (as a user runs it), at
+    level 2 (in a Ray just started, as a user's first run is) and then at level 1."""
+    folder = tmp_path_factory.mktemp("mock")
+    traces = {level: folder / f"mock-l{level}.perfetto-trace" for level in (2, 1)}
+    # None of the tests' Ray settings (RAY_ADDRESS, RAY_TMPDIR, ...) but its task events
+    # reported every 100 ms (conftest.py), which shortens the close's wait for the last ones.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RAY_") or k == "RAY_task_events_report_interval_ms"}
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("TRACER_ENABLE_RAY_TRACING", None)
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--num-partitions", "4",
-         "--num-rows-per-partition", "20000", "--tracing-level", str(level),
-         "--trace-out", str(path)],
-        capture_output=True, text=True, timeout=180, env=env, check=False,
+        [sys.executable, "-c", _RUN_AT_EACH_LEVEL, str(EXAMPLE),
+         *(f"{level}={path}" for level, path in traces.items())],
+        capture_output=True, text=True, timeout=240, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return path
+    written = [line.removeprefix("trace written to ") for line in proc.stdout.splitlines()
+               if line.startswith("trace written to ")]
+    assert written == [str(path) for path in traces.values()], proc.stdout[-2000:]
+    return traces
 
 
 @pytest.mark.parametrize("level", [1, 2])
-def test_mock_workload(level: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_mock_workload(
+    level: int, mock_traces: dict[int, Path], request: pytest.FixtureRequest
+) -> None:
     """At level 2 the UI is opened as `tracer open` opens it: its startupCommands run after
     the load and must leave the dispatch loop pinned, the run, its scheduler, stages and
     nodes open and the rest closed (the tree the UI reports holds every track either way)."""
-    trace = _mock_workload(tmp_path / f"mock-l{level}.perfetto-trace", level)
+    trace = mock_traces[level]
     if level == 2:
         run = render(trace, out_dir(request), "--expand=none",
                      f"--ui=http://127.0.0.1:10000/#!/?{startup_query()}")
