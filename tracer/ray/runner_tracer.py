@@ -300,15 +300,7 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         accepted for Daft's runner, which passes it; the tracer knows every
         task's stage since :meth:`task_created`.
         """
-        task = self._tasks.pop(str(task_id), None)
-        if task is None:
-            return
-        now = self.writer.now()
-        task.received_ts = now
-        self._timeline.release(task, now)  # its slices end at `now`, written later
-        self._received.append(task)
-        if len(self._received) >= _FETCH_BATCH or now - self._last_fetch >= _FETCH_INTERVAL_NS:
-            self._complete_received()
+        self._receive((task_id,))
 
     @guarded_failures
     def tasks_received_as_ready(self, task_ids: Iterable[str]) -> dict[str, BaseException]:
@@ -323,6 +315,11 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         and returned, so the failures a call returns may be of tasks received
         by earlier calls.
         """
+        self._receive(task_ids)
+        return self._take_failures()
+
+    def _receive(self, task_ids: Iterable[str]) -> None:
+        """Tasks received now: released, their completion batched (see above)."""
         now = self.writer.now()
         tasks = self._tasks
         received = self._received
@@ -335,7 +332,6 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
                 received.append(task)
         if len(received) >= _FETCH_BATCH or now - self._last_fetch >= _FETCH_INTERVAL_NS:
             self._complete_received()
-        return self._take_failures()
 
     @guarded_failures
     def complete_received(self) -> dict[str, BaseException]:

@@ -42,7 +42,6 @@ execution (:meth:`ExecutionTracer.guard`), never Ray Data's call.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -55,8 +54,6 @@ if TYPE_CHECKING:
     from tracer.integrations.ray_data.tasks import DataTask, Stage
 
 __all__ = ["hook_operator", "install_hooks"]
-
-logger = logging.getLogger("tracer")
 
 #: The bulk call running in this thread, if traced (``_state.bulk``).
 _state = threading.local()
