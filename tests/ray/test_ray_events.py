@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -
         execute = phases[1]
         # Ray's execute phase runs the traced call, which measured the execution inside it.
         assert execute.ts <= e.ts and e.end_ts is not None and e.end_ts <= execute.end_ts
+    # A worker runs one task at a time: one lane of Ray's phases each. (The close drew
+    # each worker's last task first, its earlier ones then on a second lane.)
+    lanes = Counter(run.tracks[s.track_uuid].parent_uuid for s in spans.values())
+    for worker, _ in lanes.items():
+        assert [t.name for t in run.children(worker) if t.kind == "track"] == [
+            L.RAY_PHASES_TRACK], run.tracks[worker]
     assert _counts(run)[L.ARG_RAY_EVENTS_MISSING] == 0
     assert _counts(run)[L.ARG_RAY_EVENTS_SOURCE] == "gcs"
 

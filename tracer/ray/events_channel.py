@@ -209,16 +209,21 @@ class RayEventsChannel:
             return self._closed or not self._timeline.ray_events_pending()
 
     def _settled(self) -> bool:
-        """Has Ray the events of every worker's last execution still wanted? (Drawn, then.)"""
+        """Has Ray the events of every worker's last execution still wanted?
+
+        Not drawn here: the read of everything that follows draws them with the
+        rest, in time order (drawn first, a worker's last execution took the
+        lane of Ray's phases its earlier ones then could not share).
+        """
         with self._lock:
             if self._closed or not ray_connected():
                 return True
             probes = self._timeline.ray_events_probes(_PROBES)
         if not probes:
             return True
-        self._draw(self._source.read_each(probes, _READ_TIMEOUT_S), final=False)
+        facts = self._source.read_each(probes, _READ_TIMEOUT_S)
         with self._lock:
-            return self._closed or not set(probes) & set(self._timeline.ray_events_wanted())
+            return self._closed or self._timeline.ray_events_complete(facts, probes)
 
     def close(self, budget_s: float | None = None) -> None:
         """Wait up to the budget for the last events, draw what came, stop reading."""

@@ -96,6 +96,16 @@ class Awaited:
             self._by_stage[task.stage_id] -= 1
             yield task, attempts
 
+    def settled_ids(self, events: Iterable[RayTaskEvents]) -> set[str]:
+        """The awaited tasks that ``events`` would settle (see :meth:`settle`), drawing nothing."""
+        last: dict[str, RayTaskEvents] = {}
+        for ev in events:
+            if ev.ray_task_id in self._by_ray_id:
+                seen = last.get(ev.ray_task_id)
+                if seen is None or ev.attempt >= seen.attempt:
+                    last[ev.ray_task_id] = ev
+        return {ray_task_id for ray_task_id, ev in last.items() if _settled(ev)}
+
     def give_up(self) -> list[TimelineTask]:
         """What is still awaited, never to come: counted missing, no longer awaited."""
         tasks = list(self._by_ray_id.values())

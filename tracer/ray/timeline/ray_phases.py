@@ -146,6 +146,16 @@ class RayPhases:
                 last[id(exp.worker)] = (exp.end, ray_task_id)
         return [ray_task_id for _, ray_task_id in sorted(last.values(), reverse=True)[:limit]]
 
+    def complete_ids(self, events: Iterable[RayTaskEvents]) -> set[str]:
+        """Ray task ids among ``events`` whose expected attempts there are all complete
+        (what :meth:`draw` would draw of them), drawing nothing."""
+        ids: dict[str, bool] = {}
+        for ev in events:
+            if (ev.ray_task_id, ev.attempt) in self._expected:
+                complete = ev.span is not None and ev.ended
+                ids[ev.ray_task_id] = ids.get(ev.ray_task_id, True) and complete
+        return {ray_task_id for ray_task_id, complete in ids.items() if complete}
+
     @property
     def missing(self) -> int:
         """Executions whose Ray events have not been drawn (all of them, or the worker's part)."""

@@ -597,6 +597,23 @@ class RunTimeline:
         :meth:`.RayPhases.probes`)."""
         return list(dict.fromkeys(self._awaited.probes(limit) + self._ray.probes(limit)))
 
+    def ray_events_complete(self, events: list[RayTaskEvents], ray_task_ids: list[str]) -> bool:
+        """Would ``events`` bring all that is wanted of each of ``ray_task_ids`` (those
+        still wanted)? Nothing is drawn: the close asks this of a few probes, then draws
+        everything in one read, in time order (probes drawn first, the worker's later
+        executions, would push its earlier ones onto a second lane of Ray's phases)."""
+        wanted = set(self.ray_events_wanted()) & set(ray_task_ids)
+        if not wanted:
+            return True
+        complete = self._ray.complete_ids(events)
+        if self._awaited:
+            settled = self._awaited.settled_ids(events)
+            awaited = set(self._awaited.wanted())
+            return all(
+                (i in settled) if i in awaited else (i in complete) for i in wanted
+            )
+        return wanted <= complete
+
     def ray_events(
         self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
     ) -> int:
