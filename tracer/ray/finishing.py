@@ -21,18 +21,27 @@ the same process), and the interpreter waits for them at exit.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracer._env import env_flag
 
+if TYPE_CHECKING:
+    from tracer.format import TraceWriter
+    from tracer.ray.events_channel import RayEventsChannel
+    from tracer.ray.timeline import RunTimeline
+
 logger = logging.getLogger("tracer")
 
-__all__ = ["ENV_WAIT", "close_waits", "finish_in_background", "wait_for_traces"]
+__all__ = [
+    "ENV_WAIT", "close_waits", "finish_in_background", "finish_trace", "wait_for_traces",
+]
 
 ENV_WAIT = "TRACER_RAY_EVENTS_WAIT"
 
@@ -77,6 +86,54 @@ def finish_in_background(path: str | os.PathLike[str], finish: Callable[[], None
         if not _atexit_registered:
             atexit.register(wait_for_traces)
             _atexit_registered = True
+
+
+def finish_trace(
+    writer: TraceWriter,
+    lock: threading.RLock,
+    timeline: RunTimeline,
+    channel: RayEventsChannel | None,
+    end_ts: int,
+    *,
+    wait: bool | None = None,
+) -> None:
+    """Finish a trace whose run ended at ``end_ts``: Ray's last events, then the file.
+
+    Everything else is written already (the run's slice ends at ``end_ts``).
+    Unless ``wait`` (default: ``$TRACER_RAY_EVENTS_WAIT``, off), or nothing
+    waits for Ray's events, the file is flushed (a complete, valid trace but
+    for those) and a thread of its own waits for them (the channel's budget),
+    draws them, writes the ``Ray's events read`` instant and closes the
+    file; the caller goes on at once.
+    """
+
+    def finish() -> None:
+        if channel is not None:
+            try:
+                channel.close()
+            except Exception as exc:
+                logger.debug("tracer: reading Ray's task events failed: %s", exc)
+        try:
+            with lock:
+                timeline.ray_events_read(
+                    end_ts, channel.source_name if channel is not None else None
+                )
+        except Exception as exc:  # tracing never breaks the job
+            logger.warning("tracer: ending the trace %s failed: %s", writer.path, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    if wait is None:
+        wait = close_waits()
+    if wait or channel is None or not timeline.ray_events_pending():
+        finish()
+        return
+    try:  # the trace on disk is complete now, but for Ray's last events
+        writer.flush()
+    except Exception as exc:
+        logger.warning("tracer: writing the trace %s failed: %s", writer.path, exc)
+    finish_in_background(writer.path, finish)
 
 
 def wait_for_traces(

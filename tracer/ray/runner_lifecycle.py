@@ -29,7 +29,7 @@ from tracer.ray.actor_channel import CLOSE_GRACE_S, ActorChannel
 from tracer.ray.connection import ray_connected
 from tracer.ray.events_channel import RayEventsChannel
 from tracer.ray.failures import Failures
-from tracer.ray.finishing import close_waits, finish_in_background
+from tracer.ray.finishing import finish_trace
 from tracer.ray.flusher import Flusher
 from tracer.ray.guard import guarded
 from tracer.ray.return_channel import ReturnChannel
@@ -191,35 +191,9 @@ class LifecycleCalls:
         if self._disabled:
             return
         self._disabled = True  # later calls do nothing, quietly: the trace is finished
-        channel = self._ray_events
-
-        def finish() -> None:
-            if channel is not None:
-                try:
-                    channel.close()
-                except Exception as exc:
-                    logger.debug("tracer: reading Ray's task events failed: %s", exc)
-            try:
-                with self._lock:
-                    self._timeline.ray_events_read(
-                        end_ts, channel.source_name if channel is not None else None
-                    )
-            except Exception as exc:  # tracing never breaks the job
-                logger.warning("tracer: ending the trace %s failed: %s", self.trace_path, exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    self.writer.close()
-
-        if wait is None:
-            wait = close_waits()
-        if wait or channel is None or not self._timeline.ray_events_pending():
-            finish()
-            return
-        try:  # the trace on disk is complete now, but for Ray's last events
-            self.writer.flush()
-        except Exception as exc:
-            logger.warning("tracer: writing the trace %s failed: %s", self.trace_path, exc)
-        finish_in_background(self.trace_path, finish)
+        finish_trace(
+            self.writer, self._lock, self._timeline, self._ray_events, end_ts, wait=wait
+        )
 
     @guarded
     def _close(self, error: BaseException | None) -> int:
