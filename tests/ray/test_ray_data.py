@@ -139,10 +139,35 @@ def test_a_pipeline_is_traced_like_a_runner(tmp_path: Path) -> None:
     if L.COUNTER_AVAILABLE_OBJECT_STORE in rt.counters:
         assert rt.counter_values(L.COUNTER_AVAILABLE_OBJECT_STORE)[0] > 0
 
+    # Ray's own events of every task, read from Ray: Ray's handling of each task beside
+    # its execution, on the same worker, with the phases in it; Ray's states on the
+    # task's lane; none missing.
+    ray_tasks = by_task([s for s in model.slices if s.category == L.CAT_RAY
+                         and s.name.startswith(L.RAY_TASK_PREFIX)])
+    assert set(ray_tasks) == set(tasks)
+    for task_id, e in execs.items():
+        handled = ray_tasks[task_id]
+        assert model.tracks[handled.track_uuid].name == L.RAY_PHASES_TRACK
+        assert model.tracks[handled.track_uuid].parent_uuid == e.track_uuid
+        assert handled.ts <= e.ts and e.ts + (e.dur or 0) <= handled.ts + (handled.dur or 0)
+        phases = [c.name for c in model.slices if c.parent_id == handled.id]
+        assert phases[0] == L.PHASE_DESERIALIZE and L.PHASE_EXECUTE in phases, phases
+    states = [s for s in model.slices if model.tracks[s.track_uuid].name == L.RAY_STATES_TRACK]
+    assert {s.args[L.ARG_TASK_ID] for s in states if L.ARG_TASK_ID in s.args} == set(tasks)
+    (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
+    assert read.args[L.ARG_RAY_EVENTS_MISSING] == 0
+
     with TraceQuery(path, QueryConfig(engine="reader")) as q:
         summary = q.stage_summary()
         info = q.run_info()
         flagged = q.memory_flagged()
+        latency = q.task_latency()
+    # Scheduling and pickup split at Ray's events, for every task.
+    for r in latency.to_dict("records"):
+        parts = [r[k] for k in ("sched_queue_ns", "sched_push_ns", "sched_args_ns",
+                                "sched_start_ns")]
+        assert None not in parts and sum(parts) == r["scheduling_ns"], r
+    assert info["ray_events_missing"] == 0
     assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
     assert list(summary["tasks"]) == [BLOCKS] * 3
     assert list(summary["over_request"]) == [0, BLOCKS, 0]

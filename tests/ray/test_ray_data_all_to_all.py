@@ -3,8 +3,9 @@
 A random shuffle, a repartition and a sort submit and await their tasks inside
 one blocking call of Ray Data's scheduling loop; these tests check that each
 of those Ray tasks is in the trace (its stage, function, Ray task id, request,
-blocks and rows), that each round's wait is on the loop, and that a failure
-or a bug in the hooks never reaches the pipeline.
+blocks and rows), that each ran on a worker as Ray's own events say, that
+each round's wait is on the loop, and that a failure or a bug in the hooks
+never reaches the pipeline.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ray_data_checks import executions, load_data_trace, only_trace
 from ray_trace_checks import RunnerTrace
 
 import tracer.integrations.ray_data as traced_data
-from tracer.format.model import Slice
+from tracer.format.model import Slice, TraceModel
 from tracer.integrations.ray_data import _compat
 from tracer.ray import layout as L
 
@@ -89,6 +90,34 @@ def _check_tasks(rt: RunnerTrace, tasks: list[Slice]) -> None:
         assert dispatched.ts == task.ts and dispatched.dur == task.dur
 
 
+def _check_ran(model: TraceModel, rt: RunnerTrace, tasks: list[Slice]) -> dict[str, Slice]:
+    """Each task's execution, drawn from Ray's own events (nothing of ours runs in these
+    tasks): on a worker of this node, inside the task's slice, its arrow from the task's
+    launch, Ray's phases beside it; no memory (none measured). By task id."""
+    execs = {e.args[L.ARG_TASK_ID]: e for e in executions(model)}
+    flows_into = {f.dest_id: f.source_id for f in model.flows}
+    launched = {m.id: m for track in rt.stage_tracks for m in rt.launches(track)}
+    ray_tasks = {
+        s.args[L.ARG_TASK_ID]: s for s in model.slices
+        if s.category == L.CAT_RAY and s.name.startswith(L.RAY_TASK_PREFIX)
+    }
+    node = ray.get_runtime_context().get_node_id()
+    ran = {}
+    for task in tasks:
+        task_id = task.args[L.ARG_TASK_ID]
+        e = ran[task_id] = execs[task_id]
+        assert e.name == task.name and e.dur is not None
+        assert e.args[L.ARG_RAY_TASK_ID] == task.args[L.ARG_RAY_TASK_ID]
+        assert task.ts <= e.ts and e.ts + e.dur <= task.ts + (task.dur or 0), (task, e)
+        assert node[:8] in (rt.node_of(e).name or "")
+        assert launched[flows_into[e.id]].args[L.ARG_TASK_ID] == task_id
+        assert "memory_peak" not in e.args
+        phases = ray_tasks[task_id]  # on the Ray phases lane of the same worker
+        assert model.tracks[phases.track_uuid].parent_uuid == e.track_uuid
+        assert phases.ts <= e.ts and e.ts + e.dur <= phases.ts + (phases.dur or 0)
+    return ran
+
+
 def _by_function(tasks: list[Slice]) -> dict[str, list[Slice]]:
     out: dict[str, list[Slice]] = {}
     for t in tasks:
@@ -110,7 +139,10 @@ def test_a_random_shuffle_and_the_map_fused_into_it_are_traced(tmp_path: Path) -
     assert len(rt.launches(rt.stage_tracks[0])) == 2 * BLOCKS  # an arrow's start per task
     tasks = _stage_tasks(rt, stage)
     _check_tasks(rt, tasks)
-    assert not executions(model)  # Ray Data's own functions: nothing measured in workers
+    _check_ran(model, rt, tasks)
+    assert len(executions(model)) == len(tasks)
+    (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
+    assert read.args[L.ARG_RAY_EVENTS_MISSING] == 0
     fns = _by_function(tasks)
     assert set(fns) == {"ShuffleTaskSpec.map", "ShuffleTaskSpec.reduce"}
     maps, reduces = fns["ShuffleTaskSpec.map"], fns["ShuffleTaskSpec.reduce"]
@@ -152,12 +184,13 @@ def test_a_repartition_without_keys_is_traced_after_the_map_before_it(tmp_path: 
     assert [t.name for t in rt.stage_tracks] == ["1: ReadRange->MapBatches(same)",
                                                  "2: Repartition"]
     # The map before it is traced as ever: measured in its workers.
-    measured = {e.args[L.ARG_TASK_ID] for e in executions(model)}
+    measured = {e.args[L.ARG_TASK_ID] for e in executions(model) if "memory_peak" in e.args}
     assert measured == {t.args[L.ARG_TASK_ID] for t in
                         _stage_tasks(rt, "ReadRange->MapBatches(same)")}
     assert len(measured) == BLOCKS
     tasks = _stage_tasks(rt, "Repartition")
     _check_tasks(rt, tasks)
+    assert len(_check_ran(model, rt, tasks)) == len(executions(model)) - BLOCKS
     fns = _by_function(tasks)
     assert set(fns) == {"_split_single_block", "ShuffleTaskSpec.reduce"}
     assert len(fns["ShuffleTaskSpec.reduce"]) == 3
@@ -165,6 +198,28 @@ def test_a_repartition_without_keys_is_traced_after_the_map_before_it(tmp_path: 
     assert [(s.args[L.ARG_WAITING_FOR], s.args[L.ARG_TASKS]) for s in _awaiting(rt)] == [
         ("Split Repartition", 3)]
     assert not [t for t in tasks if L.ARG_STATUS in t.args]
+
+
+def test_without_rays_events_the_exchange_tasks_have_no_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRACER_RAY_EVENTS=0: nothing is read from Ray; the tasks are traced from the driver
+    alone, and the map before the exchange is measured in its workers as ever."""
+    monkeypatch.setenv("TRACER_RAY_EVENTS", "0")
+    traced_data.enable(level=1, path=tmp_path)
+    ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same).repartition(3)
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(ROWS))
+
+    model, rt = load_data_trace(only_trace(tmp_path))
+    fns = _by_function(_stage_tasks(rt, "Repartition"))  # traced from the driver as ever
+    assert set(fns) == {"_split_single_block", "ShuffleTaskSpec.reduce"}
+    assert {e.name for e in executions(model)} == {"ReadRange->MapBatches(same)"}
+    assert len(executions(model)) == BLOCKS
+    assert not [s for s in model.slices if s.category == L.CAT_RAY
+                and s.name.startswith(L.RAY_TASK_PREFIX)]
+    assert not [t for t in model.tracks.values()
+                if t.name in (L.RAY_PHASES_TRACK, L.RAY_STATES_TRACK)]
+    assert not [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
 
 
 @pytest.mark.parametrize("strategy", ["sort_shuffle_pull_based", "sort_shuffle_push_based"])
@@ -177,9 +232,10 @@ def test_a_sort_under_either_shuffle_strategy_is_traced(strategy: str, tmp_path:
         "id", descending=True)
     assert [r["id"] for r in ds.take_all()] == list(range(ROWS))[::-1]
 
-    _, rt = load_data_trace(only_trace(tmp_path))
+    model, rt = load_data_trace(only_trace(tmp_path))
     tasks = _stage_tasks(rt, "Sort")
     _check_tasks(rt, tasks)
+    _check_ran(model, rt, tasks)
     fns = _by_function(tasks)
     assert len(fns.pop("_sample_block")) == BLOCKS
     reduces = fns.pop("SortTaskSpec.reduce")
@@ -196,6 +252,26 @@ def test_a_sort_under_either_shuffle_strategy_is_traced(strategy: str, tmp_path:
     assert not [t for t in tasks if L.ARG_STATUS in t.args]
 
 
+def test_shuffle_operators_that_report_their_tasks_run_where_rays_events_say(
+    tmp_path: Path,
+) -> None:
+    """Ray 2.60's default strategy (``shuffle_v2``): a groupby's hash-shuffle operators
+    report their tasks to Ray Data's hooks (traced as any operator's), but nothing of
+    ours runs in them; their executions come from Ray's events, beside the measured map's."""
+    traced_data.enable(level=1, path=tmp_path)
+    ds = ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(same)
+    counts = {r["id"]: r["count()"] for r in ds.groupby("id").count().take_all()}
+    assert counts == dict.fromkeys(range(ROWS), 1)
+
+    model, rt = load_data_trace(only_trace(tmp_path))
+    shuffled = [t for t in rt.task_slices if t.name.startswith("HashAggregate")]
+    assert {t.name.split("(")[0] for t in shuffled} == {"HashAggregateMap", "HashAggregateReduce"}
+    ran = _check_ran(model, rt, shuffled)
+    measured = [e for e in executions(model) if "memory_peak" in e.args]
+    assert {e.name for e in measured} == {"ReadRange->MapBatches(same)"}
+    assert len(measured) + len(ran) == len(executions(model)) == len(rt.task_slices)
+
+
 def test_a_udf_fused_into_a_shuffle_that_raises(tmp_path: Path) -> None:
     def pipeline() -> Any:
         return ray.data.range(ROWS, override_num_blocks=BLOCKS).map_batches(
@@ -209,7 +285,7 @@ def test_a_udf_fused_into_a_shuffle_that_raises(tmp_path: Path) -> None:
     assert type(traced.value).__name__ == type(untraced.value).__name__
     assert str(traced.value).splitlines()[-1] == str(untraced.value).splitlines()[-1]
 
-    _, rt = load_data_trace(only_trace(tmp_path))
+    model, rt = load_data_trace(only_trace(tmp_path))
     (run,) = [s for s in rt.loop_slices if s.depth == 0]
     assert "no 7 here" in run.args[L.ARG_ERROR]
     tasks = _stage_tasks(rt, "ReadRange->MapBatches(fails_on_7)->RandomShuffle")
@@ -218,6 +294,12 @@ def test_a_udf_fused_into_a_shuffle_that_raises(tmp_path: Path) -> None:
     (failed,) = [t for t in tasks if t.args.get(L.ARG_STATUS) == L.STATUS_FAILED]
     assert failed.args[L.ARG_ERROR_TYPE] == "ValueError"
     assert "no 7 here" in failed.args[L.ARG_ERROR]
+    # Its execution, from Ray's events, failed where it ran, and is marked there.
+    (e,) = _check_ran(model, rt, [failed]).values()
+    assert e.args[L.ARG_STATUS] == L.STATUS_FAILED and "no 7 here" in e.args[L.ARG_ERROR]
+    (mark,) = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED
+               and i.args[L.ARG_TASK_ID] == failed.args[L.ARG_TASK_ID]]
+    assert mark.track_uuid == e.track_uuid
     # The others finished (no status) or were still running when Ray Data gave up.
     assert {t.args.get(L.ARG_STATUS) for t in tasks if t is not failed} <= {
         None, L.STATUS_UNFINISHED}

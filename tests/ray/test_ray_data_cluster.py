@@ -77,8 +77,9 @@ def test_executions_on_both_nodes_where_they_ran(_traced: Path) -> None:
 
 
 def test_a_shuffle_tasks_carry_the_node_they_ran_on(_traced: Path) -> None:
-    """A random shuffle's tasks (traced from the driver, no execution) say which node
-    each ran on: its fused map's rows name the same nodes (Ray Data spreads them)."""
+    """A random shuffle's tasks (traced from the driver) say which node each ran on, and
+    their executions (from Ray's events) are on those nodes' workers: its fused map's
+    rows name the same nodes and workers (Ray Data spreads them)."""
     for _ in range(3):
         rows = (
             ray.data.range(BLOCKS, override_num_blocks=BLOCKS)
@@ -87,18 +88,30 @@ def test_a_shuffle_tasks_carry_the_node_they_ran_on(_traced: Path) -> None:
             .take_all()
         )
         ran_on = {r["node"] for r in rows}
+        workers = {(r["node"], r["pid"]) for r in rows}
         if len(ran_on) == 2:
             break
         for path in _traced.glob("*.perfetto-trace"):  # all on one node: again
             path.unlink()
     assert len(ran_on) == 2, ran_on
 
-    _, rt = load_data_trace(only_trace(_traced))
+    model, rt = load_data_trace(only_trace(_traced))
     tasks = rt.task_slices
     maps = [t for t in tasks if t.args[L.ARG_RAY_FUNCTION] == "ShuffleTaskSpec.map"]
     reduces = [t for t in tasks if t.args[L.ARG_RAY_FUNCTION] == "ShuffleTaskSpec.reduce"]
     assert len(maps) == len(reduces) == BLOCKS
     # Each map task ran the fused map of one block: their nodes are the rows' nodes.
     assert {t.args[L.ARG_NODE_ID] for t in maps} == ran_on
+    # Their executions are on the very workers the rows name, on the nodes the tasks say.
+    execs = by_task(executions(model))
+    assert set(execs) == {t.args[L.ARG_TASK_ID] for t in tasks}
+    seen = set()
+    for t in maps:
+        e = execs[t.args[L.ARG_TASK_ID]]
+        node = rt.node_of(e).name or ""
+        assert t.args[L.ARG_NODE_ID][:8] in node, (t.args, node)
+        pid = int((model.tracks[e.track_uuid].name or "").split()[-1])
+        seen.add((t.args[L.ARG_NODE_ID], pid))
+    assert seen == workers
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert {t.args[L.ARG_NODE_ID] for t in reduces} <= alive

@@ -27,9 +27,10 @@ lanes. So, while a traced operator's bulk function runs, in that thread only:
   bulk function returns, what Ray finished ends, and what it abandoned
   ends ``unfinished``.
 
-Their executions are not drawn on worker tracks: these tasks run Ray Data's
-functions, not an operator's transformer, which is what measures map tasks
-in their workers (:mod:`.worker`).
+These tasks run Ray Data's functions, not an operator's transformer, which is
+what measures map tasks in their workers (:mod:`.worker`): their executions
+on worker tracks are drawn from Ray's own events once they ended (see
+:meth:`.ExecutionTracer.end`), and have no memory figures.
 
 Two hooks serve every traced operator of the process, installed on the first
 (``RemoteFunction._remote`` and ``BaseProgressBar.fetch_until_complete``,

@@ -22,7 +22,13 @@ the runner's layout:
   the task's end are in (the end brings Ray Data's USS peak, the execution's
   actual memory at level 1);
 * a task killed by Ray (OOM killer, crashed worker) is marked where Ray's
-  error says it ran.
+  error says it ran;
+* **Ray's own events** of the tasks (:mod:`tracer.ray.events_channel`, as a
+  runner's: read by the flusher thread and after the execution ended, in a
+  thread of their own, :mod:`tracer.ray.finishing`): Ray's phases nested in
+  each measured execution, the scheduling states on its task's lane, and the
+  executions of the tasks nobody measures in their workers (all-to-all
+  operators' tasks, :mod:`.all_to_all`): where and when Ray ran them.
 
 Ray Data calls the hooks from its executor thread (and the callbacks from
 the thread that started or shut down the execution): every entry point
@@ -59,6 +65,8 @@ from tracer.integrations.ray_data.tasks import (
     new_token,
 )
 from tracer.ray import layout as L
+from tracer.ray.events_channel import RayEventsChannel
+from tracer.ray.finishing import finish_trace
 from tracer.ray.flusher import Flusher
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
@@ -119,6 +127,13 @@ class ExecutionTracer:
         self._last_settle = 0
         self._last_sample = 0
         self._flusher: Flusher | None = None
+        #: Ray's events of the tasks (None: TRACER_RAY_EVENTS=0, or no Ray to ask).
+        self._ray_events: RayEventsChannel | None = None
+        self._end_ts = 0
+        try:
+            self._ray_events = RayEventsChannel.start(self._timeline, self._lock)
+        except Exception as exc:
+            logger.debug("tracer: not reading Ray's task events: %s", exc)
         try:
             for index, op in enumerate(compat.operators(executor)):
                 stage = Stage(index, op, tokens.get(id(op)))
@@ -133,6 +148,7 @@ class ExecutionTracer:
             self._disabled = True  # the hooks already in place do nothing, then go
             self._timeline.stop_driver_gc()
             self._release()
+            self._stop_ray_events()
             raise
         self._flusher = Flusher(self.flush, f"tracer-flush-{self.execution_id}")
 
@@ -167,6 +183,7 @@ class ExecutionTracer:
             self._flusher.stop()
         self._timeline.stop_driver_gc()
         self._release()
+        self._stop_ray_events()
         logger.warning(
             "tracer: tracing stopped for Ray Data execution %s after an error (%s: %s); "
             "it continues untraced; the trace so far is in %s",
@@ -178,6 +195,13 @@ class ExecutionTracer:
             self._timeline.stages.write_all()
         with contextlib.suppress(Exception):
             self.writer.close()
+
+    def _stop_ray_events(self) -> None:
+        """No more reads of Ray's events (tracing stopped): their source's connection goes."""
+        channel, self._ray_events = self._ray_events, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close(budget_s=0.0)
 
     # ------------------------------------------------------------ operator hooks
 
@@ -294,6 +318,13 @@ class ExecutionTracer:
             self._write_executions(task)
         elif not task.expects_measurements:
             del self._tasks[task.key]
+            if (
+                self._ray_events is not None and not stage.measured and task.ray_task_id
+                and not task.killed
+            ):
+                # Nothing of ours ran in its worker (an all-to-all operator's task):
+                # Ray's events say where and when it ran.
+                self._timeline.await_execution(task, task.ray_task_id)
 
     def _io_args(self, task: DataTask) -> dict[str, Any]:
         blocks_in, rows_in, bytes_in = task.counts_in
@@ -318,6 +349,7 @@ class ExecutionTracer:
         if root_cause(error) is not error:
             return args  # the task's own exception: its measurements will say where
         task.expects_measurements = False
+        task.killed = True  # marked here; Ray's events of it would say no more
         node_id, pid = where_from_error(error)
         at_kill = memory_at_kill(error)
         if at_kill:
@@ -446,6 +478,12 @@ class ExecutionTracer:
         """Write what is buffered (from the flusher thread); the disk outside the lock."""
         if self._disabled or self._closed:
             return
+        channel = self._ray_events
+        if channel is not None:
+            try:
+                channel.poll()
+            except Exception as exc:  # Ray's events are extra: losing them stops nothing
+                logger.debug("tracer: reading Ray's task events failed: %s", exc)
         try:
             with self._lock:
                 if self._disabled or self._closed:
@@ -460,7 +498,9 @@ class ExecutionTracer:
 
     def close(self, error: BaseException | None) -> None:
         """The execution ended (``error``: how it failed): wait briefly for the measurements
-        still on their way, end what is open, write the stages, close the file."""
+        still on their way, end what is open, write the stages; Ray's last events are
+        drawn and the file closed in the background (:func:`~tracer.ray.finishing.finish_trace`:
+        Ray Data's executor goes on at once)."""
         if self._closed:
             return
         if self._flusher is not None:
@@ -478,8 +518,9 @@ class ExecutionTracer:
         self._release()
         if not self._disabled:
             self._disabled = True
-            with contextlib.suppress(Exception):
-                self.writer.close()
+            finish_trace(
+                self.writer, self._lock, self._timeline, self._ray_events, self._end_ts
+            )
             logger.info(
                 "tracer: trace of Ray Data execution %s written to %s",
                 self.execution_id, self.trace_path,
@@ -515,4 +556,6 @@ class ExecutionTracer:
                 tl.count_stage_inflight(stage.stage_id, 0)
         if self._inflight:
             tl.count_inflight(0)
-        tl.close(data_error_args(error) if error is not None else None)
+        tl.finish()
+        self._end_ts = self.writer.now()
+        tl.end_run(self._end_ts, data_error_args(error) if error is not None else None)

@@ -35,6 +35,7 @@ class DataTask(TimelineTask):
         "ended",
         "expects_measurements",
         "key",
+        "killed",
         "measurements",
         "ray_task_id",
         "rows_out",
@@ -51,6 +52,8 @@ class DataTask(TimelineTask):
         self.ended = False
         self.end_args: dict[str, Any] = {}
         self.expects_measurements = False
+        #: Ray killed it (its error said where: marked there, see ExecutionTracer.failure).
+        self.killed = False
         self.key = (0, 0)  # (stage id, Ray Data's task index)
 
 
