@@ -287,6 +287,50 @@ def test_ray_events_timed_out_of_place_are_clamped(tmp_path: Path) -> None:
     assert_engines_agree(path)
 
 
+def test_a_task_at_its_worker_before_its_dispatch_was_reported_keeps_submitted(
+    tmp_path: Path,
+) -> None:
+    """Ray Data reports a submission once Ray's submit returned: a warm actor may be
+    running the task by then. Its SUBMITTED_TO_WORKER, clamped to the dispatch, is drawn
+    0 long there (not dropped as other states that would last nothing are): the latency
+    split then has its boundary (queue and push 0) instead of no split at all."""
+    from tracer.ray.timeline import RayTaskEvents
+
+    path = tmp_path / "early.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="early", loop_pid=77, loop_tid=77)
+        tl.expect_ray_events()
+        a = tl.task_created(TimelineTask, "a", 0, ResourceRequest(num_cpus=1), T0,
+                            stage_name="map")
+        tl.task_dispatched(a, T0 + 5 * MS)  # reported after the task started on its worker
+        tl.execution({"start_ns": T0 + 6 * MS, "end_ns": T0 + 9 * MS, "node_id": "n" * 40,
+                      "pid": 500, "ray_task_id": "aa"}, a)
+        tl.task_ended(a, T0 + 12 * MS, None)
+        states = ((L.STATE_PENDING_ARGS, T0 + 1 * MS), (L.STATE_SUBMITTED, T0 + 2 * MS),
+                  (L.STATE_RUNNING, T0 + 3 * MS), (L.STATE_FINISHED, T0 + 10 * MS))
+        phases = ((L.PHASE_DESERIALIZE, T0 + 3 * MS, T0 + 4 * MS),
+                  (L.PHASE_EXECUTE, T0 + 4 * MS, T0 + 9 * MS),
+                  (L.PHASE_STORE_OUTPUTS, T0 + 9 * MS, T0 + 10 * MS))
+        ev = RayTaskEvents("aa", 0, "map_fn", "n" * 40, 500, states,
+                           (T0 + 3 * MS, T0 + 10 * MS), phases)
+        assert tl.ray_events([ev]) == 1
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    by_track = {t.uuid: t.name for t in model.tracks.values()}
+    states_drawn = sorted(
+        ((s.name, s.ts - T0, s.dur) for s in model.slices
+         if by_track[s.track_uuid] == L.RAY_STATES_TRACK), key=lambda p: p[1])
+    assert states_drawn == [(L.STATE_SUBMITTED, 5 * MS, 0), (L.STATE_RUNNING, 5 * MS, 5 * MS),
+                            (L.STATE_FINISHED, 10 * MS, 2 * MS)]
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        (row,) = q.task_latency().to_dict("records")
+    assert (row["sched_queue_ns"], row["sched_push_ns"]) == (0, 0)
+    assert row["sched_queue_ns"] + row["sched_push_ns"] + row["sched_args_ns"] + (
+        row["sched_start_ns"]) == row["scheduling_ns"] == 1 * MS
+    assert_engines_agree(path)  # trace_processor nests the 0-long state as the reader does
+
+
 def test_without_a_ray_events_producer_nothing_is_expected(tmp_path: Path) -> None:
     path = tmp_path / "no-ray-events.perfetto-trace"
     with TraceWriter(path) as w:

@@ -245,8 +245,12 @@ class RayPhases:
         if task.attempt:
             head[L.ARG_ATTEMPT] = task.attempt  # type: ignore[index]
         # Each state from its start, clamped into [lo, hi], until the next one's (the
-        # last until hi); one that would not last is not drawn. Spelled out, as in
-        # _phases: this runs for every task.
+        # last until hi); one that would not last is not drawn, but for
+        # SUBMITTED_TO_WORKER: a task can reach its worker before its producer says it
+        # was dispatched (Ray Data reports a submission once Ray's submit returned, and
+        # a warm actor may be running it by then); drawn 0 long at the dispatch, it
+        # says so, and the latency split (queue, push) has its boundary. Spelled out,
+        # as in _phases: this runs for every task.
         begin, finish = w.begin, w.end
         states = ev.states
         ts = states[0][1]
@@ -257,7 +261,7 @@ class RayPhases:
                 until = lo if ts < lo else hi if ts > hi else ts
             else:
                 until = hi
-            if until > start:
+            if until > start or name == L.STATE_SUBMITTED:
                 begin(track, name, start, category=L.CAT_RAY, args=head)
                 head = None
                 finish(track, until)
