@@ -602,6 +602,42 @@ def test_the_run_returns_before_rays_last_events_and_the_trace_is_finished_after
     assert _counts(load(path))[L.ARG_RAY_EVENTS_MISSING] == 0
 
 
+def test_ray_shutdown_right_after_a_run_waits_for_its_last_events(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """A script that shuts Ray down as soon as its run returned: after the shutdown Ray
+    can be asked nothing, so ray.shutdown() first lets the trace being finished read
+    Ray's last events (they were all missing: the run is shorter than Ray's report
+    interval). A driver of its own, on the tests' Ray: its shutdown only disconnects it."""
+    from own_driver import run_driver
+
+    path = tmp_path / "shutdown.perfetto-trace"
+    code = textwrap.dedent(f"""
+        import time, ray
+        from tracer.format import read_trace
+        from tracer.ray import layout as L
+        from tracer.runner import Pipeline, Stage
+
+        def neg(x):
+            return -x
+
+        ray.init()
+        Pipeline(list(range(8)), [Stage("neg", neg)]).run(
+            tracing_level=1, trace_path={str(path)!r}, progress=False)
+        start = time.monotonic()
+        ray.shutdown()
+        print(time.monotonic() - start)
+        (read,) = [i for i in read_trace({str(path)!r}).instants
+                   if i.name == L.INSTANT_RAY_EVENTS]
+        print(read.args[L.ARG_RAY_EVENTS_MISSING])
+    """)
+    waited, missing = run_driver(code)[-2:]
+    assert int(missing) == 0
+    assert float(waited) < 10  # the budget (2 s) and a read's timeout at most, and Ray's own
+    model = load(path)
+    assert len([s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]) == 8
+
+
 def test_the_close_can_wait_for_rays_last_events_itself(
     ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

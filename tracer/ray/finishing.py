@@ -14,7 +14,10 @@ and closes the file.
 Until then the trace file is a complete, valid trace without those last
 events. :func:`wait_for_traces` waits for them
 (``tracer.query`` and ``tracer summary`` call it for the trace they open in
-the same process), and the interpreter waits for them at exit.
+the same process), and the interpreter waits for them at exit, and so does
+``ray.shutdown()``: after it Ray can be asked nothing (see
+:mod:`tracer.ray.connection`), and a script that shuts Ray down right after
+its run would lose Ray's events of the run's last second.
 ``TRACER_RAY_EVENTS_WAIT=1`` makes the close wait itself, as before.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -48,6 +52,8 @@ ENV_WAIT = "TRACER_RAY_EVENTS_WAIT"
 _lock = threading.Lock()
 _pending: dict[Path, threading.Thread] = {}
 _atexit_registered = False
+#: ``ray.shutdown`` waits at most this long for the traces being finished, over the budget.
+_SHUTDOWN_GRACE_S = 5.0
 
 
 def close_waits() -> bool:
@@ -86,6 +92,36 @@ def finish_in_background(path: str | os.PathLike[str], finish: Callable[[], None
         if not _atexit_registered:
             atexit.register(wait_for_traces)
             _atexit_registered = True
+            _wait_at_ray_shutdown()
+
+
+def _wait_at_ray_shutdown() -> None:
+    """Make ``ray.shutdown()`` finish the traces being finished first (bounded).
+
+    Wrapped once per process, on the first trace finished in the background:
+    ``ray.shutdown`` (the name users call) waits for :func:`wait_for_traces`
+    up to the budget for Ray's events and :data:`_SHUTDOWN_GRACE_S`, then
+    shuts Ray down as ever; with no trace being finished it costs a lock.
+    """
+    try:
+        import ray
+
+        original = ray.shutdown
+        if getattr(original, "__tracer_waits__", False):
+            return
+
+        @functools.wraps(original)
+        def shutdown(*args: object, **kwargs: object) -> object:
+            with contextlib.suppress(Exception):  # never in the way of Ray's shutdown
+                from tracer.ray.events_channel import close_budget_s
+
+                wait_for_traces(timeout=close_budget_s() + _SHUTDOWN_GRACE_S)
+            return original(*args, **kwargs)
+
+        shutdown.__tracer_waits__ = True  # type: ignore[attr-defined]
+        ray.shutdown = shutdown
+    except Exception as exc:  # tracing never breaks the job
+        logger.debug("tracer: ray.shutdown() will not wait for traces: %s", exc)
 
 
 def finish_trace(
