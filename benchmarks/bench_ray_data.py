@@ -23,9 +23,15 @@ the driver (:mod:`tracer.integrations.ray_data.all_to_all`):
 
 It reports the median wall time per setting with its spread (min-max), the
 ratio of each median to ``none``'s, each run's ratio to the first setting's
-run of the same repetition (median), and the level-1 traces' bytes per task
+run of the same repetition (median), the CPU per task of the driver and
+Ray's processes under it (until the trace was finished: the tracer's
+background work included), and the level-1 traces' bytes per task
 (targets: level 1 <= 1.05x, level 0 no measurable difference, <= 200 B per
 task). The machine's other load shows in the spread: read the ratios with it.
+
+The job's metrics actor is started by the warm-up and kept: between runs
+tracing is switched off by taking :func:`~tracer.integrations.ray_data.enable`'s
+settings out of the ``DataContext``, not by ``disable()``, which removes it.
 
 A traced execution's trace is finished in the background once it returned
 (Ray's last events come a second late, :mod:`tracer.ray.finishing`): the
@@ -37,6 +43,7 @@ runs do not overlap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -46,8 +53,10 @@ from typing import Any
 
 import ray
 import ray.data
+from cpu_meter import tree_cpu_s
 
 import tracer.integrations.ray_data as traced_data
+from tracer.integrations.ray_data import _compat
 from tracer.ray import wait_for_traces
 
 CALLBACK = "tracer.integrations.ray_data.TracingCallback"
@@ -59,11 +68,21 @@ def noop(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def run(tasks: int, setting: str, folder: Path, shuffle: bool = False) -> tuple[float, Path | None]:
+def run(
+    tasks: int, setting: str, folder: Path, shuffle: bool = False
+) -> tuple[float, float, Path | None]:
+    """One run: its wall time, the CPU seconds of the driver and Ray's processes until its
+    trace was finished, and its trace."""
     os.environ.pop("RAY_DATA_EXECUTION_CALLBACKS", None)
     os.environ.pop("TRACER_ENABLE_RAY_TRACING", None)
     os.environ.pop("TRACER_RAY_EVENTS", None)
-    traced_data.disable()
+    # Off for this run, the job's metrics actor kept (disable() would remove it: each
+    # level-1 run then paid the start of its process, ~1.5-2 s of CPU, as only a
+    # program's first traced pipeline does).
+    ctx = ray.data.DataContext.get_current()
+    with contextlib.suppress(KeyError):
+        ctx.remove_config(traced_data.CONFIG_KEY)
+    _compat.unregister_callback(ctx, traced_data.TracingCallback)
     if setting == "0":
         os.environ["RAY_DATA_EXECUTION_CALLBACKS"] = CALLBACK
     elif setting in ("1", "2"):
@@ -72,13 +91,15 @@ def run(tasks: int, setting: str, folder: Path, shuffle: bool = False) -> tuple[
         os.environ["TRACER_RAY_EVENTS"] = "0"
         traced_data.enable(level=1, path=folder)
     before = len(traced_data.trace_paths())
+    cpu0 = tree_cpu_s()
     start = time.perf_counter()
     ds = ray.data.range(tasks, override_num_blocks=tasks).map_batches(noop)
     (ds.random_shuffle() if shuffle else ds).materialize()
     elapsed = time.perf_counter() - start
     wait_for_traces()
+    cpu = tree_cpu_s() - cpu0
     paths = traced_data.trace_paths()
-    return elapsed, paths[-1] if len(paths) > before else None
+    return elapsed, cpu, paths[-1] if len(paths) > before else None
 
 
 def main() -> None:
@@ -101,15 +122,18 @@ def main() -> None:
     # warm-up: workers, the metrics actor, imports
     run(min(args.tasks, 200), "1", folder, args.shuffle)
     times: dict[str, list[float]] = {s: [] for s in settings}
+    cpus: dict[str, list[float]] = {s: [] for s in settings}
     sizes: dict[str, list[float]] = {s: [] for s in settings}
     for rep in range(args.repeats):
         order = settings[rep % len(settings):] + settings[: rep % len(settings)]
         for setting in order:
-            elapsed, path = run(args.tasks, setting, folder, args.shuffle)
+            elapsed, cpu, path = run(args.tasks, setting, folder, args.shuffle)
             times[setting].append(elapsed)
+            cpus[setting].append(cpu)
             if setting.startswith("1") and path is not None:
                 sizes[setting].append(path.stat().st_size / tasks_run)
-            print(f"  rep {rep} level {setting:>6}: {elapsed:6.2f} s", flush=True)
+            print(f"  rep {rep} level {setting:>6}: {elapsed:6.2f} s, CPU {cpu:6.2f} s",
+                  flush=True)
     base = statistics.median(times[settings[0]])
     print(f"\n{tasks_run} tasks{' (random shuffle)' if args.shuffle else ''}, "
           f"{args.repeats} repetitions, {args.num_cpus} CPUs "
@@ -125,8 +149,12 @@ def main() -> None:
             failed |= not ok
             target = f"  target <= {TARGET_RATIO:.2f}x: {'PASS' if ok else 'FAIL'}"
         paired = statistics.median(v / b for v, b in zip(values, times[settings[0]], strict=True))
+        cpu_task = statistics.median(cpus[setting]) / tasks_run * 1e6
+        cpu_paired = statistics.median(
+            v / b for v, b in zip(cpus[setting], cpus[settings[0]], strict=True))
         print(f"  level {setting:>6}: {med:7.2f} s  ({min(values):.2f}-{max(values):.2f})  "
-              f"{ratio:5.3f}x, paired {paired:5.3f}x{target}")
+              f"{ratio:5.3f}x, paired {paired:5.3f}x; CPU {cpu_task:5.0f} us a task, "
+              f"paired {cpu_paired:5.3f}x{target}")
     for setting, values in sizes.items():
         if not values:
             continue
