@@ -518,6 +518,17 @@ def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
         finished(self, *args)
 
     monkeypatch.setattr(ExecutionTracer, "_finished", broken)
+    from tracer.ray.ray_events import RayEventSource
+
+    read = RayEventSource.read
+    reads_after_the_bug = []
+
+    def counted_read(self: RayEventSource, *args: Any, **kwargs: Any) -> Any:
+        if len(calls) >= 3:
+            reads_after_the_bug.append(1)
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(RayEventSource, "read", counted_read)
     traced_data.enable(level=1, path=tmp_path)
     with caplog.at_level(logging.WARNING, logger="tracer"):
         rows = _pipeline().take_all()
@@ -530,3 +541,4 @@ def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
     ended = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
              and s.dur is not None]
     assert len(ended) >= 2  # what was traced before the error is there
+    assert not reads_after_the_bug  # nor is Ray asked for its events of a trace given up

@@ -225,6 +225,12 @@ class RayEventsChannel:
         with self._lock:
             return self._closed or self._timeline.ray_events_complete(facts, probes)
 
+    def stop(self) -> None:
+        """No more reads, none now (tracing stopped after an error): a read under way
+        draws nothing, and the source's connection goes."""
+        self._closed = True
+        self._source.close()
+
     def close(self, budget_s: float | None = None) -> None:
         """Wait up to the budget for the last events, draw what came, stop reading."""
         budget = close_budget_s() if budget_s is None else budget_s

@@ -124,6 +124,9 @@ class LifecycleCalls:
             return
         self._disabled = self._failed = True
         self._flusher.stop()
+        if self._ray_events is not None:  # no more reads of Ray's events
+            with contextlib.suppress(Exception):
+                self._ray_events.stop()
         self._timeline.stop_driver_gc()
         logger.warning(
             "tracer: tracing stopped for execution %s after an error (%s: %s); "

@@ -197,11 +197,11 @@ class ExecutionTracer:
             self.writer.close()
 
     def _stop_ray_events(self) -> None:
-        """No more reads of Ray's events (tracing stopped): their source's connection goes."""
+        """No more reads of Ray's events (tracing stopped)."""
         channel, self._ray_events = self._ray_events, None
         if channel is not None:
             with contextlib.suppress(Exception):
-                channel.close(budget_s=0.0)
+                channel.stop()
 
     # ------------------------------------------------------------ operator hooks
 
