@@ -602,17 +602,11 @@ class RunTimeline:
         still wanted)? Nothing is drawn: the close asks this of a few probes, then draws
         everything in one read, in time order (probes drawn first, the worker's later
         executions, would push its earlier ones onto a second lane of Ray's phases)."""
-        wanted = set(self.ray_events_wanted()) & set(ray_task_ids)
-        if not wanted:
-            return True
-        complete = self._ray.complete_ids(events)
-        if self._awaited:
-            settled = self._awaited.settled_ids(events)
-            awaited = set(self._awaited.wanted())
-            return all(
-                (i in settled) if i in awaited else (i in complete) for i in wanted
-            )
-        return wanted <= complete
+        wanted = set(ray_task_ids) & set(self.ray_events_wanted())
+        ready = self._ray.complete_ids(events)  # drawn executions: their phases are in
+        if self._awaited:  # executions still to draw: every attempt of theirs is settled
+            ready |= self._awaited.settled_ids(events)
+        return wanted <= ready
 
     def ray_events(
         self, events: list[RayTaskEvents], *, final: bool = False, dropped_by_ray: int = 0
