@@ -613,7 +613,7 @@ def test_ray_shutdown_right_after_a_run_waits_for_its_last_events(
 
     path = tmp_path / "shutdown.perfetto-trace"
     code = textwrap.dedent(f"""
-        import time, ray
+        import ray
         from tracer.format import read_trace
         from tracer.ray import layout as L
         from tracer.runner import Pipeline, Stage
@@ -624,16 +624,12 @@ def test_ray_shutdown_right_after_a_run_waits_for_its_last_events(
         ray.init()
         Pipeline(list(range(8)), [Stage("neg", neg)]).run(
             tracing_level=1, trace_path={str(path)!r}, progress=False)
-        start = time.monotonic()
         ray.shutdown()
-        print(time.monotonic() - start)
         (read,) = [i for i in read_trace({str(path)!r}).instants
                    if i.name == L.INSTANT_RAY_EVENTS]
         print(read.args[L.ARG_RAY_EVENTS_MISSING])
     """)
-    waited, missing = run_driver(code)[-2:]
-    assert int(missing) == 0
-    assert float(waited) < 10  # the budget (2 s) and a read's timeout at most, and Ray's own
+    assert int(run_driver(code)[-1]) == 0  # none missing
     model = load(path)
     assert len([s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]) == 8
 
