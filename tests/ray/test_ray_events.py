@@ -163,6 +163,14 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
     assert _read_until_complete(per_task, ids) == by_job
     everything = _read_until_complete(RayEventSource(job_id(), [AllEventsQuery()]), ids)
     assert everything == by_job
+    # A Ray whose GlobalState has no _get_all_task_events (2.55): the GCS accessor's read.
+    import ray._private.state as state
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delattr(type(state.state), "_get_all_task_events", raising=False)
+        assert not hasattr(state.state, "_get_all_task_events")
+        older = _read_until_complete(RayEventSource(job_id(), [AllEventsQuery()]), ids)
+    assert older == by_job
 
     class Broken:
         name = "broken"

@@ -287,7 +287,14 @@ class AllEventsQuery:
     def _all(self) -> list[Any]:
         import ray._private.state as state
 
-        return list(state.state._get_all_task_events())
+        read_all = getattr(state.state, "_get_all_task_events", None)
+        if read_all is not None:  # Ray 2.60 has it, 2.55 not
+            return list(read_all())
+        # Before it, ray.timeline() parsed the GCS accessor's serialized events itself.
+        from ray.core.generated import gcs_pb2
+
+        accessor = state.state._connect_and_get_accessor()
+        return [gcs_pb2.TaskEvents.FromString(data) for data in accessor.get_task_events()]
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
         events = [e for e in self._all() if e.job_id == job_id]
