@@ -281,14 +281,14 @@ class _Task:
 
 
 def _ev(attempt: int = 0, *, states: tuple[str, ...] = (L.STATE_RUNNING, L.STATE_FINISHED),
-        span: bool = True, error_type: str = "") -> RayTaskEvents:
+        span: bool = True, error_type: str = "", in_worker: bool = False) -> RayTaskEvents:
     return RayTaskEvents(
         "ab" * 24, attempt, "f", "n" * 56, 42,
         states=tuple((s, 100 + i) for i, s in enumerate(states)),
         span=(50, 200) if span else None,
         phases=((L.PHASE_EXECUTE, 60, 190),) if span else (),
         measured=(70, 180) if span else None, rss=(1, 2, 3) if span else None,
-        error_type=error_type,
+        error_type=error_type, failed_in_worker=in_worker,
     )
 
 
@@ -302,7 +302,7 @@ def test_a_task_settles_once_its_last_attempt_has_ended_and_reported() -> None:
     assert list(waiting.settle([_ev(states=(L.STATE_FINISHED,), span=False)], False)) == []
     # Failed in its worker, which will report it: not settled without its phases.
     raised = _ev(states=(L.STATE_SUBMITTED, L.STATE_RUNNING, L.STATE_FAILED), span=False,
-                 error_type="RayTaskError")
+                 error_type="ValueError", in_worker=True)
     assert list(waiting.settle([raised], final=False)) == []
     # An earlier attempt complete, the last still running: not settled.
     assert list(waiting.settle([_ev(0), _ev(1, states=(L.STATE_RUNNING,))], False)) == []
@@ -316,7 +316,7 @@ def test_a_task_settles_once_its_last_attempt_has_ended_and_reported() -> None:
     # Failed before any worker had it (its input failed, or cancelled): settled at once.
     waiting.add(task, "ab" * 24)  # type: ignore[arg-type]
     never = _ev(states=(L.STATE_PENDING_ARGS, L.STATE_FAILED), span=False,
-                error_type="RayTaskError")
+                error_type="RayTaskError", in_worker=True)
     assert [t for t, _ in waiting.settle([never], final=False)] == [task]
 
 
@@ -345,3 +345,26 @@ def test_whatever_is_left_settles_at_the_end_and_the_rest_is_given_up() -> None:
     assert [t.task_id for t, _ in waiting.settle([late], final=True)] == ["c"]
     assert waiting.missing == 2
 
+
+
+def test_a_failed_task_s_last_execution_says_the_error_its_producer_read() -> None:
+    """Ray's text of an error may be cut before what the body raised: the producer's
+    reading of the task's failure is what its last attempt's execution says, when that
+    attempt failed in its worker; an earlier attempt, or one Ray killed, keeps Ray's."""
+    waiting = Awaited()
+    waiting.add(_Task("t"), "ab" * 24, ("ValueError", "no 7 here"))  # type: ignore[arg-type]
+    first = _ev(0, states=(L.STATE_RUNNING, L.STATE_FAILED), error_type="OutOfMemoryError")
+    cut = _ev(1, states=(L.STATE_RUNNING, L.STATE_FAILED), error_type="UserCodeException",
+              in_worker=True)
+    ((_, attempts),) = list(waiting.settle([cut, first], final=False))
+    assert [(a.attempt, a.error_type, a.error) for a in attempts] == [
+        (0, "OutOfMemoryError", ""), (1, "ValueError", "no 7 here")]
+    m = measurements(attempts[-1])
+    assert m is not None and (m["error_type"], m["error"]) == ("ValueError", "no 7 here")
+    # Killed in the end (its worker never reported): Ray's error stands.
+    waiting.add(_Task("k"), "ab" * 24, ("ValueError", "x"))  # type: ignore[arg-type]
+    killed = _ev(0, states=(L.STATE_RUNNING, L.STATE_FAILED), span=False,
+                 error_type="OutOfMemoryError")
+    ((_, attempts),) = list(waiting.settle([killed], final=False))
+    assert attempts[-1].error_type == "OutOfMemoryError"
+    assert not waiting._errors

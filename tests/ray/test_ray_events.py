@@ -716,3 +716,49 @@ def test_ray_task_events_become_facts_in_time_order_with_the_task_s_own_error() 
     assert fact.rss == (10, 20, 30)
     assert (fact.error_type, fact.error) == ("ValueError", "bad")
     assert fact.resources == (("CPU", 2.0), ("GPU", 1.0))
+
+
+def test_a_failure_known_only_from_rays_text_names_what_the_body_raised() -> None:
+    """No report of the tracer's own (an all-to-all task's worker): the exception is read
+    out of Ray's traceback text, under Ray Data's wrapper; Ray's other errors keep Ray's
+    name and text. Whether the worker will still report the attempt is Ray's to say."""
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    from tracer.ray.ray_events_facts import to_facts
+
+    def failed(code: str, message: str) -> Any:
+        ev = gcs_pb2.TaskEvents(task_id=bytes(range(24)), attempt_number=0)
+        ev.state_updates.state_ts_ns[common_pb2.TaskStatus.Value("FAILED")] = 900
+        ev.state_updates.error_info.error_type = common_pb2.ErrorType.Value(code)
+        ev.state_updates.error_info.error_message = message
+        (fact,) = to_facts([ev], wanted={bytes(range(24)).hex()})
+        return fact
+
+    header = "\x1b[36mray::map()\x1b[39m (pid=19428, ip=192.0.2.2)\n"
+    text = (  # Ray 2.60's, for a UDF fused into a random shuffle
+        "User exception:\n" + header + '  File "/job.py", line 9, in fails_on_7\n'
+        '    raise ValueError("no 7 here")\nValueError: no 7 here\n\n'
+        "The above exception was the direct cause of the following exception:\n\n" + header
+        + "ray.exceptions.UserCodeException: UDF failed to process a data block.")
+    fact = failed("TASK_EXECUTION_EXCEPTION", text)
+    assert (fact.error_type, fact.error, fact.failed_in_worker) == (
+        "ValueError", "no 7 here", True)
+    # Cut by Ray before the wrapped exception (2.55 keeps the last ~500 characters): the
+    # wrapper, if a frame says where its line is; Ray's own name and text if none does.
+    wrapper = "ray.exceptions.UserCodeException: UDF failed to process a data block."
+    cut = failed("TASK_EXECUTION_EXCEPTION", "User exception:\n_\n    res = f(batch)\n"
+                 '  File "/ray/data/x.py", line 481, in wrap\n    raise Wrapped() from e\n'
+                 + wrapper)
+    assert (cut.error_type, cut.error) == ("UserCodeException",
+                                           "UDF failed to process a data block.")
+    frameless = "User exception:\n_\n    res = f(batch)\n" + wrapper
+    cut = failed("TASK_EXECUTION_EXCEPTION", frameless)
+    assert (cut.error_type, cut.error) == ("RayTaskError", frameless)
+    oom = "Task was killed due to the node running low on memory.\nMemory on the node ..."
+    killed = failed("OUT_OF_MEMORY", oom)
+    assert (killed.error_type, killed.error, killed.failed_in_worker) == (
+        "OutOfMemoryError", oom, False)
+    assert failed("TASK_CANCELLED", "cancelled").failed_in_worker
+    unreadable = failed("TASK_EXECUTION_EXCEPTION", "RayTaskError(ValueError): bad")
+    assert (unreadable.error_type, unreadable.error) == (
+        "RayTaskError", "RayTaskError(ValueError): bad")

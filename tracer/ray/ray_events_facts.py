@@ -15,6 +15,7 @@ from typing import Any
 
 from tracer.ray import layout as L
 from tracer.ray.ray_events_wire import is_raw, parse_entries, task_key
+from tracer.ray.task_errors import exception_message, raised_in_traceback
 from tracer.ray.task_metrics import RAY_EVENT_NAME, unpack_rss
 from tracer.ray.timeline import RayTaskEvents
 
@@ -113,10 +114,18 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
     if node_id is None:
         node_id = _shared(_HEX, raw_node, raw_node.hex())
     error_type = error = ""
+    failed_in_worker = False
     if updates.HasField("error_info"):
         error_type = _error_type(updates.error_info.error_type)
-        error = updates.error_info.error_message[:500]
-    if reported_error is not None:  # the body's own exception: what the task raised
+        failed_in_worker = error_type in _FAILED_IN_WORKER
+        text = updates.error_info.error_message
+        raised = raised_in_traceback(text) if error_type == "RayTaskError" else None
+        if raised is not None:  # what the body raised: its class and message, as the
+            # worker reports them (the task's slice, read on the driver, names it too)
+            error_type, error = raised[0], exception_message(raised[1], raised[0])[:500]
+        else:
+            error = text[:500]
+    if reported_error is not None:  # the body's own exception, as it reported it
         error_type, error = reported_error
     resources: tuple[tuple[str, float], ...] = ()
     if has_info:
@@ -137,6 +146,7 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
         error_type=error_type,
         error=error,
         resources=resources,
+        failed_in_worker=failed_in_worker,
     )
 
 
@@ -149,6 +159,11 @@ _ERROR_CLASSES = {
     "NODE_DIED": "NodeDiedError",
     "TASK_EXECUTION_EXCEPTION": "RayTaskError",
 }
+
+
+#: Ray's errors (by the names above) of an attempt its worker ended itself: it reports
+#: its own events of the attempt after the failure, worth waiting for.
+_FAILED_IN_WORKER = frozenset({"RayTaskError", "TaskCancelledError"})
 
 
 def _error_type(code: int) -> str:

@@ -16,10 +16,14 @@ from tracer.ray import layout as L
 from tracer.ray.task_metrics import Metrics
 
 __all__ = [
+    "CAUSE_LINE",
     "error_args",
+    "exception_message",
+    "exceptions_in_traceback",
     "is_oom_kill",
     "memory_at_kill",
     "metrics_from_error",
+    "raised_in_traceback",
     "root_cause",
     "where_from_error",
 ]
@@ -83,3 +87,74 @@ def where_from_error(error: BaseException) -> tuple[str | None, int]:
         pid = int(match.group(1)) if match else 0
     node = _NODE_RE.search(text)
     return (node.group(1) if node else None), pid
+
+
+#: Between an exception and the one raised ``from`` it, in a traceback's text.
+CAUSE_LINE = "The above exception was the direct cause of the following exception:"
+#: Between an exception and one raised while handling it.
+_CONTEXT_LINE = "During handling of the above exception, another exception occurred:"
+_CHAIN_RE = re.compile(f"^(?:{re.escape(CAUSE_LINE)}|{re.escape(_CONTEXT_LINE)})$", re.M)
+#: The line naming an exception, as tracebacks end: "ValueError: boom", "mymod.BadRecord: x",
+#: or a class name alone (no message). Any class name: a task may raise anything.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?:: .*)?$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+#: The heads of a traceback's part: Python's, and Ray's (where the task ran).
+_HEADERS = ("ray::", "Traceback (most recent call last)")
+#: Lines of Ray's own before an exception's line: those, and the head of a failure's text
+#: in Ray's task events.
+_RAY_LINES = (*_HEADERS, "User exception:")
+#: Ray's wrappers of the exception user code raised (Ray Data's UDFs): what one wraps
+#: is what was raised.
+_WRAPPERS = frozenset({"UserCodeException"})
+
+
+def exceptions_in_traceback(text: str) -> list[tuple[str, str]]:
+    """The exceptions of a traceback's text, innermost first: (class name, its line).
+
+    Each exception's part of a chained traceback ends with its ``Type:
+    message`` line: the first unindented line after the part's last frame,
+    or after Ray's header (``ray::f() (pid=..)``) in a part without frames
+    (source lines are indented; a message's later lines follow it). Colours
+    are skipped. A part whose line cannot be told (cut short) is left out.
+    """
+    found: list[tuple[str, str]] = []
+    for part in _CHAIN_RE.split(_ANSI_RE.sub("", text)):
+        lines = part.splitlines()
+        # After the last frame; in a part without frames (Ray Data leaves its own out),
+        # after Ray's header (a part with neither was cut: its lines are anyone's).
+        starts = [i for i, line in enumerate(lines) if line.startswith("  File ")] or [
+            i for i, line in enumerate(lines) if line.startswith(_HEADERS)]
+        if not starts:
+            continue
+        for line in lines[starts[-1] + 1:]:
+            if not line.strip() or line[0].isspace() or line.startswith(_RAY_LINES):
+                continue
+            match = _EXCEPTION_LINE.match(line.rstrip())
+            if match:
+                found.append((match.group(1), line.strip()))
+            break
+    return found
+
+
+def raised_in_traceback(text: str) -> tuple[str, str] | None:
+    """The exception a task raised, from the text of its traceback: (class name, its line).
+
+    Why: Ray's task events carry a failed task's error as text only, and
+    it names Ray's error (``RayTaskError``) where the trace should name what
+    the task raised, as its slice does. The last exception of the chain,
+    unless it is Ray's wrapper of user code's: then what it wraps. None
+    when the text names none (it was not a traceback, or was cut).
+    """
+    raised = exceptions_in_traceback(text)
+    while len(raised) > 1 and raised[-1][0] in _WRAPPERS:
+        raised.pop()
+    return raised[-1] if raised else None
+
+
+def exception_message(line: str, error_type: str) -> str:
+    """The message of an exception's line (``mod.Type: message``), as a failed execution
+    says it beside its ``error_type``; the line itself when it does not name that type."""
+    head, sep, message = line.partition(": ")
+    if head.rpartition(".")[2] == error_type:
+        return message if sep else ""
+    return line

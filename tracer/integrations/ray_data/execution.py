@@ -70,7 +70,12 @@ from tracer.ray.finishing import finish_trace
 from tracer.ray.flusher import Flusher
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
-from tracer.ray.task_errors import memory_at_kill, root_cause, where_from_error
+from tracer.ray.task_errors import (
+    exception_message,
+    memory_at_kill,
+    root_cause,
+    where_from_error,
+)
 from tracer.ray.task_metrics import Metrics
 from tracer.ray.timeline import RunTimeline
 
@@ -323,8 +328,13 @@ class ExecutionTracer:
                 and not task.killed
             ):
                 # Nothing of ours ran in its worker (an all-to-all operator's task):
-                # Ray's events say where and when it ran.
-                self._timeline.await_execution(task, task.ray_task_id)
+                # Ray's events say where and when it ran; how it failed, as read here.
+                error = None
+                if L.ARG_ERROR_TYPE in end_args:
+                    error_type = str(end_args[L.ARG_ERROR_TYPE])
+                    line = str(end_args.get(L.ARG_ERROR, ""))
+                    error = (error_type, exception_message(line, error_type))
+                self._timeline.await_execution(task, task.ray_task_id, error)
 
     def _io_args(self, task: DataTask) -> dict[str, Any]:
         blocks_in, rows_in, bytes_in = task.counts_in

@@ -9,7 +9,6 @@ fact after Ray Data's own hook ran.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from tracer.integrations.ray_data import _compat as compat
 from tracer.ray import layout as L
 from tracer.ray.resources import ResourceRequest
-from tracer.ray.task_errors import error_args
+from tracer.ray.task_errors import CAUSE_LINE, error_args, exceptions_in_traceback
 from tracer.ray.task_metrics import Metrics
 from tracer.ray.timeline import TimelineTask
 
@@ -77,13 +76,6 @@ class Stage:
         self.inflight = 0
 
 
-#: Between the UDF's own exception and Ray Data's ``UserCodeException`` in its text.
-_CAUSE_LINE = "The above exception was the direct cause of the following exception:"
-#: The line naming an exception, as tracebacks end: "ValueError: boom", "mymod.BadRecord: x",
-#: or a class name alone (no message). Any class name: a UDF may raise anything.
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?:: .*)?$")
-
-
 def data_error_args(error: BaseException) -> dict[str, str]:
     """``error_type`` and ``error`` of a Ray Data failure: the UDF's own exception.
 
@@ -97,15 +89,11 @@ def data_error_args(error: BaseException) -> dict[str, str]:
     error: :func:`~tracer.ray.task_errors.error_args`.
     """
     text = str(error)
-    if _CAUSE_LINE in text:
-        lines = text.rsplit(_CAUSE_LINE, 1)[0].splitlines()
-        frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
-        for line in lines[frames[-1] + 1 if frames else 0:]:
-            if line.strip() and not line[0].isspace():
-                match = _EXCEPTION_LINE.match(line.rstrip())
-                if match:
-                    return {L.ARG_ERROR_TYPE: match.group(1), L.ARG_ERROR: line.strip()[:500]}
-                break
+    if CAUSE_LINE in text:
+        raised = exceptions_in_traceback(text.rsplit(CAUSE_LINE, 1)[0])
+        if raised:
+            error_type, line = raised[-1]
+            return {L.ARG_ERROR_TYPE: error_type, L.ARG_ERROR: line[:500]}
     return error_args(error)
 
 

@@ -18,6 +18,7 @@ events read`` instant); the task's own slice says it ran all the same.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,16 +30,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Awaited", "measurements"]
 
-#: Ray's error types (as ray_events names them) of an attempt whose worker ended the
-#: task itself, and so reports its phases after the FAILED state: worth waiting for.
-_WORKER_REPORTS = frozenset({"RayTaskError", "TaskCancelledError"})
-
-
 class Awaited:
     """Tasks received whose executions Ray's events will bring, by Ray's task id."""
 
     def __init__(self) -> None:
         self._by_ray_id: dict[str, TimelineTask] = {}
+        #: The failure of a task as its producer read it, by Ray's task id (see add).
+        self._errors: dict[str, tuple[str, str]] = {}
         self._by_stage: dict[Any, int] = {}
         #: Given up on at the end: their events never came.
         self.missing = 0
@@ -46,8 +44,19 @@ class Awaited:
     def __len__(self) -> int:
         return len(self._by_ray_id)
 
-    def add(self, task: TimelineTask, ray_task_id: str) -> None:
+    def add(
+        self, task: TimelineTask, ray_task_id: str, error: tuple[str, str] | None = None
+    ) -> None:
+        """``error``: the task failed so (class name, message), as its producer read it.
+
+        Its last attempt's execution then says that, if it failed in its worker:
+        Ray's text of an error may be cut before the exception the body raised
+        (Ray keeps its last ~500 characters in 2.55, and a deep traceback runs
+        past them in any Ray), while the producer had the whole of it.
+        """
         self._by_ray_id[ray_task_id] = task
+        if error is not None:
+            self._errors[ray_task_id] = error
         self._by_stage[task.stage_id] = self._by_stage.get(task.stage_id, 0) + 1
 
     def wanted(self) -> list[str]:
@@ -94,6 +103,12 @@ class Awaited:
                     self.missing += 1  # what came says it ran, but not where nor when
             task = self._by_ray_id.pop(ray_task_id)
             self._by_stage[task.stage_id] -= 1
+            error = self._errors.pop(ray_task_id, None)
+            if error is not None and attempts[-1].failed_in_worker:
+                error_type, message = error
+                attempts[-1] = dataclasses.replace(
+                    attempts[-1], error_type=error_type, error=message
+                )
             yield task, attempts
 
     def settled_ids(self, events: Iterable[RayTaskEvents]) -> set[str]:
@@ -112,6 +127,7 @@ class Awaited:
         self.missing += len(tasks)
         self._by_ray_id.clear()
         self._by_stage.clear()
+        self._errors.clear()
         return tasks
 
 
@@ -130,7 +146,7 @@ def _settled(last: RayTaskEvents) -> bool:
     if last.failed_at is None:
         return False  # running, or finished with the worker's report still to come
     submitted = any(s == L.STATE_SUBMITTED for s, _ in last.states)
-    return not submitted or last.error_type not in _WORKER_REPORTS
+    return not submitted or not last.failed_in_worker
 
 
 def measurements(ev: RayTaskEvents) -> Measurements | None:

@@ -51,8 +51,11 @@ class RayTaskEvents:
     the task's body as the tracer's own profile event timed it, with the
     RSS it reported (``rss``: start, end, peak), when the task reported to
     Ray (level 1's executions drawn from Ray's events). ``error_type`` and
-    ``error``: why the attempt failed, as Ray says; ``resources``: what the
-    task asked Ray for.
+    ``error``: why the attempt failed: the exception its body raised where
+    the task or Ray's text of it names one, else Ray's error;
+    ``failed_in_worker``: Ray says the attempt failed in its worker (the
+    body raised, or it was cancelled there), which then reports its own
+    events after the failure. ``resources``: what the task asked Ray for.
     """
 
     ray_task_id: str
@@ -68,6 +71,7 @@ class RayTaskEvents:
     error_type: str = ""
     error: str = ""
     resources: tuple[tuple[str, float], ...] = ()
+    failed_in_worker: bool = False
 
     @property
     def ended(self) -> bool:

@@ -573,12 +573,17 @@ class RunTimeline:
         """A producer will bring Ray's events: executions drawn from now on wait for theirs."""
         self._ray.enabled = True
 
-    def await_execution(self, task: TimelineTask, ray_task_id: str) -> None:
+    def await_execution(
+        self, task: TimelineTask, ray_task_id: str, error: tuple[str, str] | None = None
+    ) -> None:
         """The task ended; its executions are to be drawn from Ray's events (see .awaited).
 
-        Needs a producer of Ray's events (:meth:`expect_ray_events`).
+        ``error``: it failed so (the exception's class name and message), as the
+        producer read it: its last execution says that over Ray's text of it
+        (see :meth:`.Awaited.add`). Needs a producer of Ray's events
+        (:meth:`expect_ray_events`).
         """
-        self._awaited.add(task, ray_task_id)
+        self._awaited.add(task, ray_task_id, error)
 
     def ray_events_wanted(self) -> list[str]:
         """Ray task ids whose events are wanted: awaited executions, and drawn executions
