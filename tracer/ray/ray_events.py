@@ -189,7 +189,11 @@ class GcsQuery:
 
     def __init__(self, gcs_address: str) -> None:
         from ray._private import ray_constants
-        from ray._private.grpc_utils import init_grpc_channel
+
+        try:
+            from ray._private.grpc_utils import init_grpc_channel
+        except ImportError:  # Ray 2.50: in ray._private.utils
+            from ray._private.utils import init_grpc_channel
         from ray.core.generated import gcs_service_pb2 as gs
 
         # gRPC's default cap on a reply is 4 MiB, about 4,700 tasks of a job: a bigger job's
@@ -250,8 +254,7 @@ class HeadQuery:
     def __init__(self) -> None:
         import ray._private.state as state
 
-        accessor = state.state._connect_and_get_accessor()
-        self._client = state.TaskEventsHeadClient(accessor)
+        self._client = state.TaskEventsHeadClient(_state_accessor())
 
     def _post(self, request: Any, timeout: float) -> Reply:
         from ray._private.authentication.http_token_authentication import (
@@ -293,7 +296,7 @@ class AllEventsQuery:
         # Before it, ray.timeline() parsed the GCS accessor's serialized events itself.
         from ray.core.generated import gcs_pb2
 
-        accessor = state.state._connect_and_get_accessor()
+        accessor = _state_accessor()
         return [gcs_pb2.TaskEvents.FromString(data) for data in accessor.get_task_events()]
 
     def job(self, job_id: bytes, timeout: float) -> Reply:
@@ -305,6 +308,18 @@ class AllEventsQuery:
 
     def close(self) -> None:
         pass
+
+
+def _state_accessor() -> Any:
+    """Ray's connected ``GlobalStateAccessor`` (2.50 keeps it on ``GlobalState`` once
+    ``_check_connected`` made it; later Rays hand it out by ``_connect_and_get_accessor``)."""
+    import ray._private.state as state
+
+    connect = getattr(state.state, "_connect_and_get_accessor", None)
+    if connect is not None:
+        return connect()
+    state.state._check_connected()
+    return state.state.global_state_accessor
 
 
 def _sources() -> list[Query]:
