@@ -54,7 +54,8 @@ def is_oom_kill(error: BaseException) -> bool:
     """Ray's ``OutOfMemoryError``, told by name so importing this module needs no Ray."""
     return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__)
 
-_KILL_MEMORY_RE = re.compile(r"actual memory used=([0-9.]+)\s*([KMGT]?B)")
+#: Ray 2.60 says ``actual memory used=0.89GB``, 2.50 ``memory used=0.94GB``.
+_KILL_MEMORY_RE = re.compile(r"(?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
