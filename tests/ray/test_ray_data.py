@@ -83,7 +83,17 @@ def _pipeline() -> Any:
     )
 
 
-def test_a_pipeline_is_traced_like_a_runner(tmp_path: Path) -> None:
+def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to Ray ~2.54 Ray Data counts a running task's output, before it has any, as
+    2 blocks of ``target_max_block_size`` (128 MiB): over these tests' 75 MiB object
+    store, so its own figure of what is left is 0. Small blocks keep it a real one."""
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "target_max_block_size", MIB)
+
+
+def test_a_pipeline_is_traced_like_a_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _small_blocks(monkeypatch)
     assert traced_data.enable(level=1, path=tmp_path)
     rows = _pipeline().take_all()
     assert sorted(r["id"] for r in rows) == list(range(BLOCKS * 2))
@@ -184,11 +194,14 @@ def slow(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def test_available_resources_start_at_ray_data_first_known_limits(tmp_path: Path) -> None:
+def test_available_resources_start_at_ray_data_first_known_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ray Data's limits are all 0 for the first ~1 s of each execution (until its
     autoscaling coordinator answers): not drawn as nothing available. A pipeline of
     ~2 s on 2 CPUs, long enough to see the real limits. (Available CPUs may be 0 then,
     all in use: it is drawn with the memory figures, from the same known limits.)"""
+    _small_blocks(monkeypatch)
     traced_data.enable(level=1, path=tmp_path)
     ray.data.range(10, override_num_blocks=10).map_batches(slow).materialize()
     _, rt = load_data_trace(only_trace(tmp_path))

@@ -125,10 +125,9 @@ def register_callback(context: Any, cls: type) -> None:
         if cls not in classes:
             classes.append(cls)
         return
-    from ray.data._internal.execution import execution_callback as ec
-
-    if not any(isinstance(cb, cls) for cb in ec.get_execution_callbacks(context)):
-        ec.add_execution_callback(cls(), context)
+    callbacks = _instances(context)
+    if not any(isinstance(cb, cls) for cb in callbacks):
+        _set_instances(context, [*callbacks, cls()])
 
 
 def unregister_callback(context: Any, cls: type) -> None:
@@ -137,10 +136,38 @@ def unregister_callback(context: Any, cls: type) -> None:
         while cls in classes:
             classes.remove(cls)
         return
+    callbacks = _instances(context)
+    if any(isinstance(cb, cls) for cb in callbacks):
+        _set_instances(context, [cb for cb in callbacks if not isinstance(cb, cls)])
+
+
+def _instances(context: Any) -> list[Any]:
+    """The callback instances of a context (Ray before 2.55), read from its config itself.
+
+    Not through ``execution_callback.get_execution_callbacks``: that marks the
+    context's ``RAY_DATA_EXECUTION_CALLBACKS`` as read, and every DataContext
+    copied from it (every later Dataset's) would then ignore that variable.
+    Where the context has none yet, Ray's default ones (its issue detectors),
+    which ``add_execution_callback`` would drop.
+    """
     from ray.data._internal.execution import execution_callback as ec
 
-    for cb in [cb for cb in ec.get_execution_callbacks(context) if isinstance(cb, cls)]:
-        ec.remove_execution_callback(cb, context)
+    callbacks = context.get_config(ec.EXECUTION_CALLBACKS_CONFIG_KEY, None)
+    if callbacks is not None:
+        return list(callbacks)
+    try:
+        from ray.data._internal.execution.callbacks.insert_issue_detectors import (
+            IssueDetectionExecutionCallback,
+        )
+    except ImportError:
+        return []
+    return [IssueDetectionExecutionCallback()]
+
+
+def _set_instances(context: Any, callbacks: list[Any]) -> None:
+    from ray.data._internal.execution import execution_callback as ec
+
+    context.set_config(ec.EXECUTION_CALLBACKS_CONFIG_KEY, callbacks)
 
 
 # ------------------------------------------------------------ task hooks (2, 3)
@@ -170,7 +197,14 @@ def ray_task_id_of(op: Any, task_index: int) -> str | None:
     after ``on_task_finished``)."""
     try:
         task = (getattr(op, "_data_tasks", None) or {}).get(task_index)
+        if task is None:  # a hash-shuffle operator's shuffle task (2.50: by input, by index)
+            for tasks in (getattr(op, "_shuffling_tasks", None) or {}).values():
+                task = tasks.get(task_index)
+                if task is not None:
+                    break
         gen: Any = getattr(task, "_streaming_gen", None)
+        if gen is None and task is not None:
+            gen = task.get_waitable()  # a metadata task's object ref
         task_id = getattr(gen, "_generator_ref", gen).task_id()
         return None if task_id.is_nil() else str(task_id.hex())
     except Exception:
@@ -252,6 +286,13 @@ def remote_args(op: Any) -> dict[str, Any]:
 
 
 def op_metrics(op: Any) -> Any:
+    """The metrics whose task hooks an operator calls. A hash-shuffle operator (groupby,
+    join, keyed repartition) calls those of its shuffle tasks: ``op.metrics`` returns
+    them in later Rays, but in 2.50 they are ``op.shuffle_metrics`` (``op.metrics`` is
+    the base operator's, whose hooks it never calls)."""
+    shuffle = getattr(op, "shuffle_metrics", None)
+    if shuffle is not None and callable(getattr(shuffle, "on_task_submitted", None)):
+        return shuffle
     try:
         return op.metrics
     except Exception:
