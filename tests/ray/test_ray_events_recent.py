@@ -238,6 +238,7 @@ def test_a_task_found_without_its_workers_events_is_found_again_deeper() -> None
         storage.finish(_tid(i))
     source = RayEventSource(_FAKE_JOB, [storage])
     source.stored = 1000
+    source._one_task_s = 1.0  # how deep a recent read goes, not whether one is chosen
     first = [_tid(1000 + i) for i in range(100)]
     late = storage.finish(first[0], complete=False)  # its worker has not reported yet
     for task_id in first[1:]:
@@ -268,6 +269,9 @@ def test_a_read_whose_limit_falls_short_of_the_last_front_goes_deeper() -> None:
     storage = _Storage()
     source = RayEventSource(_FAKE_JOB, [storage])
     source.stored = 1000
+    # How deep a recent read goes, not whether one is chosen: else, once the first read
+    # was timed slower than one task's query, the one straggler is asked for by its id.
+    source._one_task_s = 1.0
     for i in range(1000):
         storage.finish(_tid(i))
     straggler = storage.finish(_tid(5000), complete=False)
