@@ -154,8 +154,18 @@ def test_a_pipeline_is_traced_like_a_runner(
     # task's lane; none missing.
     ray_tasks = by_task([s for s in model.slices if s.category == L.CAT_RAY
                          and s.name.startswith(L.RAY_TASK_PREFIX)])
-    assert set(ray_tasks) == set(tasks)
+    # Ray before 2.55 sends nothing of a worker's last second when it exits (2.55 has
+    # RAY_task_events_shutdown_flush_timeout_ms), and Ray Data kills an actor-pool actor
+    # once its operator is done: that actor's last tasks may have no events of their
+    # worker's. They are counted missing.
+    lost: set[str] = set()
+    if _compat.parse_version(_compat.ray_version()) < (2, 55):
+        lost = {t for t, task in tasks.items()
+                if task.name == "MapBatches(ActorWhere)"} - set(ray_tasks)
+    assert set(ray_tasks) == set(tasks) - lost
     for task_id, e in execs.items():
+        if task_id in lost:
+            continue
         handled = ray_tasks[task_id]
         assert model.tracks[handled.track_uuid].name == L.RAY_PHASES_TRACK
         assert model.tracks[handled.track_uuid].parent_uuid == e.track_uuid
@@ -165,7 +175,7 @@ def test_a_pipeline_is_traced_like_a_runner(
     states = [s for s in model.slices if model.tracks[s.track_uuid].name == L.RAY_STATES_TRACK]
     assert {s.args[L.ARG_TASK_ID] for s in states if L.ARG_TASK_ID in s.args} == set(tasks)
     (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
-    assert read.args[L.ARG_RAY_EVENTS_MISSING] == 0
+    assert read.args[L.ARG_RAY_EVENTS_MISSING] == len(lost)
 
     with TraceQuery(path, QueryConfig(engine="reader")) as q:
         summary = q.stage_summary()
@@ -174,10 +184,12 @@ def test_a_pipeline_is_traced_like_a_runner(
         latency = q.task_latency()
     # Scheduling and pickup split at Ray's events, for every task.
     for r in latency.to_dict("records"):
+        if r["task_id"] in lost:
+            continue
         parts = [r[k] for k in ("sched_queue_ns", "sched_push_ns", "sched_args_ns",
                                 "sched_start_ns")]
         assert None not in parts and sum(parts) == r["scheduling_ns"], r
-    assert info["ray_events_missing"] == 0
+    assert info["ray_events_missing"] == len(lost)
     assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
     assert list(summary["tasks"]) == [BLOCKS] * 3
     assert list(summary["over_request"]) == [0, BLOCKS, 0]
