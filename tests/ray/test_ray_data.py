@@ -513,6 +513,36 @@ def test_the_example_shows_inflate_far_over_its_request_at_level_2(tmp_path: Pat
     assert_engines_agree(path)
 
 
+#: What holds_arrow keeps of Arrow's own buffers while it runs.
+ARROW_HELD = 64 * MIB
+
+
+def holds_arrow(batch: Any) -> Any:
+    import pyarrow as pa
+
+    held = pa.allocate_buffer(ARROW_HELD)  # from Arrow's default pool
+    pool = pa.default_memory_pool().backend_name
+    del held
+    return batch.append_column("pool", pa.array([pool] * batch.num_rows))
+
+
+def test_level_2_sees_the_arrow_buffers_a_task_holds(tmp_path: Path) -> None:
+    """Arrow's default pool (mimalloc) hands out buffers inside one 1 GiB reservation:
+    memray saw none of them (a peak of ~0 here), and charged the reservation to the task
+    that made its worker's first Arrow allocation (a peak of 1 GiB, on Ray 2.55). At
+    level 2 a worker's Arrow allocates with malloc, which memray sees buffer by buffer."""
+    traced_data.enable(level=2, path=tmp_path)
+    rows = ray.data.range(4, override_num_blocks=2).map_batches(
+        holds_arrow, batch_format="pyarrow").take_all()
+    assert {r["pool"] for r in rows} == {"system"}
+    model, _ = load_data_trace(only_trace(tmp_path))
+    held = [e for e in executions(model) if "holds_arrow" in e.name]
+    assert len(held) == 2
+    for e in held:
+        assert L.ARG_MEMRAY not in e.args, e.args  # measured by memray, alone
+        assert ARROW_HELD <= e.args[L.ARG_HEAP_PEAK] < ARROW_HELD + 128 * MIB, e.args
+
+
 def test_tracing_off_and_on_again_measures_every_task(tmp_path: Path) -> None:
     """disable() removes the job's metrics actor; the next enable() gets a new one, which
     workers that knew the old one find too."""

@@ -25,7 +25,9 @@ Both give the task's metrics dict the same figures:
     memray's heap high-water mark of the task: the most bytes allocated (by
     ``malloc``/``mmap`` and friends, from any thread of the worker) and not
     yet freed at one time while the task ran, counting only allocations made
-    during the task. This is the task's real peak heap use.
+    during the task. This is the task's real peak heap use, but for memory of
+    allocators memray cannot see (Arrow's own pool: a worker's Arrow is moved
+    to ``malloc`` first, see :mod:`tracer.ray.arrow_memory`).
 ``allocations``
     how many allocations were live at that peak.
 ``heap_retained``
@@ -348,6 +350,9 @@ def _begin(
     try:
         if _in_ray_worker():
             from tracer.ray import memory_session
+            from tracer.ray.arrow_memory import arrow_on_system_pool
+
+            arrow_on_system_pool()  # else memray sees none of Arrow's buffers
 
             if memory_session.disabled_reason() is not None:
                 memory_session.stop()  # one started before must not keep memray's one tracker
