@@ -12,14 +12,19 @@ them. memray records the reservation and none of the buffers. Measured
 
 Arrow's *system* pool allocates with ``malloc``, which memray sees buffer by
 buffer. So before a worker's first level-2 measurement its Arrow is pointed
-there: by ``ARROW_DEFAULT_MEMORY_POOL=system`` when pyarrow is not loaded yet
-(Arrow reads it at its first allocation), else by
-``pyarrow.set_memory_pool``. Buffers allocated before stay with the pool that
-made them. A worker whose environment names a pool
-(``ARROW_DEFAULT_MEMORY_POOL``, the user's choice) keeps it: memray then sees
-that pool as above. The process stays on the system pool for its later,
-untraced tasks too: ``malloc`` is slower than mimalloc for many small
-buffers, which is the cost of measuring them.
+there. When pyarrow is not loaded yet, by ``ARROW_DEFAULT_MEMORY_POOL=system``:
+Arrow reads it when its default pool is first used, and every allocation,
+pyarrow's and Arrow's C++ code's alike, then goes to ``malloc``. When it is
+loaded (Ray Data imports it), by ``pyarrow.set_memory_pool``, which is
+pyarrow's default only: Arrow's C++ code that allocates without being handed
+a pool keeps the pool it started with, so that pool's first reservation is
+made now, before memray's tracker starts, by a one-byte allocation (a task
+would otherwise be charged it whole), and what that code allocates later
+stays unseen. Buffers allocated before stay with the pool that made them.
+A worker whose environment names a pool (``ARROW_DEFAULT_MEMORY_POOL``, the
+user's choice) keeps it, reserved the same way. The process stays on the
+system pool for its later, untraced tasks too: ``malloc`` is slower than
+mimalloc for many small buffers, which is the cost of measuring them.
 """
 
 from __future__ import annotations
@@ -50,14 +55,15 @@ def arrow_on_system_pool() -> None:
     if _done_in == pid:
         return
     _done_in = pid
-    if _users_choice:
-        return
-    os.environ[ARROW_POOL_ENV] = "system"
     pa = sys.modules.get("pyarrow")
     if pa is None:
-        return  # it reads the variable when it first allocates
+        if not _users_choice:
+            os.environ[ARROW_POOL_ENV] = "system"  # read when its pool is first used
+        return
     try:
-        if pa.default_memory_pool().backend_name != "system":
+        # Arrow's C++ default: its first reservation made before memray's tracker starts.
+        pa.allocate_buffer(1, memory_pool=pa.default_memory_pool())
+        if not _users_choice and pa.default_memory_pool().backend_name != "system":
             pa.set_memory_pool(pa.system_memory_pool())
     except Exception as exc:  # tracing never breaks the task
         logger.debug("tracer: Arrow's memory pool left as it was: %s", exc)
