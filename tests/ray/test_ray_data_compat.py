@@ -79,3 +79,20 @@ def test_the_start_hook_is_installed_once() -> None:
     hooked = MapOperator.__dict__["start"]
     compat.install_start_hook(_on_operator_start)
     assert MapOperator.__dict__["start"] is hooked and hooked.__tracer_hook__
+
+
+def test_a_hash_shuffle_operators_task_hooks_in_every_version() -> None:
+    """Its shuffle tasks' metrics: ``shuffle_metrics`` up to 2.53, ``_shuffle_metrics``
+    in 2.54 (``metrics`` is then the base operator's), ``metrics`` from 2.55."""
+    shuffle = SimpleNamespace(on_task_submitted=lambda *a, **k: None)
+    base = SimpleNamespace(on_task_submitted=lambda *a, **k: None)
+    assert compat.op_metrics(SimpleNamespace(shuffle_metrics=shuffle, metrics=base)) is shuffle
+    assert compat.op_metrics(SimpleNamespace(_shuffle_metrics=shuffle, metrics=base)) is shuffle
+    assert compat.op_metrics(SimpleNamespace(metrics=shuffle)) is shuffle
+
+
+def test_the_round_wait_is_hooked_where_it_is_defined() -> None:
+    """``fetch_until_complete`` is inherited by every bar (from ``AbstractProgressBar`` in
+    2.52 and 2.53, ``BaseProgressBar`` from 2.54): the class hooked must define it."""
+    bar = compat.progress_bar_class()
+    assert bar is not None and "fetch_until_complete" in vars(bar)

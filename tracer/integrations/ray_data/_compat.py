@@ -47,8 +47,9 @@ below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
 6. **All-to-all operators** (:mod:`.all_to_all`): ``AllToAllOperator`` and
    its ``_bulk_fn``, Ray's ``RemoteFunction._remote`` (how every task is
    submitted) and the class whose ``fetch_until_complete`` waits for a round
-   (``BaseProgressBar`` in ``ray.data._internal.progress.base_progress`` in
-   2.60, ``ProgressBar`` in ``ray.data._internal.progress_bar`` before): read
+   (``BaseProgressBar`` in ``ray.data._internal.progress.base_progress`` from
+   2.54, ``AbstractProgressBar`` in ``ray.data._internal.progress_bar`` in
+   2.52 and 2.53, ``ProgressBar`` there in 2.50): read
    in 2.60's sources (tested there: pull-based and split repartition,
    random shuffle, sorts under both shuffle strategies); where a piece is
    missing, its operators' tasks end when the bulk function returns
@@ -288,11 +289,13 @@ def remote_args(op: Any) -> dict[str, Any]:
 def op_metrics(op: Any) -> Any:
     """The metrics whose task hooks an operator calls. A hash-shuffle operator (groupby,
     join, keyed repartition) calls those of its shuffle tasks: ``op.metrics`` returns
-    them in later Rays, but in 2.50 they are ``op.shuffle_metrics`` (``op.metrics`` is
-    the base operator's, whose hooks it never calls)."""
-    shuffle = getattr(op, "shuffle_metrics", None)
-    if shuffle is not None and callable(getattr(shuffle, "on_task_submitted", None)):
-        return shuffle
+    them from 2.55, but up to 2.53 they are ``op.shuffle_metrics`` and in 2.54
+    ``op._shuffle_metrics`` (``op.metrics`` is then the base operator's, whose hooks it
+    never calls)."""
+    for name in ("shuffle_metrics", "_shuffle_metrics"):
+        shuffle = getattr(op, name, None)
+        if shuffle is not None and callable(getattr(shuffle, "on_task_submitted", None)):
+            return shuffle
     try:
         return op.metrics
     except Exception:
@@ -386,7 +389,12 @@ def set_bulk_fn(op: Any, fn: Any) -> None:
 
 
 def progress_bar_class() -> Any:
-    """The class whose ``fetch_until_complete`` waits for a round of tasks, or None."""
+    """The class whose ``fetch_until_complete`` waits for a round of tasks, or None.
+
+    The class that defines it, for every bar inherits it: ``BaseProgressBar`` (2.54+),
+    ``AbstractProgressBar`` (2.52, 2.53: base of ``ProgressBar`` and of the rich
+    ``SubProgressBar``), ``ProgressBar`` itself (2.50).
+    """
     try:
         from ray.data._internal.progress.base_progress import BaseProgressBar
 
@@ -395,10 +403,12 @@ def progress_bar_class() -> Any:
         pass
     try:
         from ray.data._internal.progress_bar import ProgressBar
-
-        return ProgressBar
     except ImportError:
         return None
+    for cls in ProgressBar.__mro__:
+        if "fetch_until_complete" in vars(cls):
+            return cls
+    return None
 
 
 def round_name(bar: Any) -> str:
