@@ -4,11 +4,12 @@ Arrow's default memory pool in its wheels is mimalloc (or jemalloc): an
 allocator of its own that takes memory from the system in big reservations
 (mimalloc's first is 1 GiB, by one ``mmap``) and hands out buffers inside
 them. memray records the reservation and none of the buffers. Measured
-(pyarrow 26, memray 1.20, Ray Data on Ray 2.55 and 2.60):
+(pyarrow 26, memray 1.20):
 
-* a task that held 700 MiB of Arrow buffers had a heap peak of 0 MiB;
-* a task that happened to make its worker's first Arrow allocation had a
-  heap peak of 1 GiB, of which 4 MiB was ever resident.
+* a Ray Data task (Ray 2.60) that held 64 MiB of Arrow buffers had a heap
+  peak of 0.5 MiB; in a script, 700 MiB of them showed as 0 MiB;
+* on Ray 2.55, the Ray Data task that happened to make its worker's first
+  Arrow allocation had a heap peak of 1 GiB, of which 4 MiB was ever resident.
 
 Arrow's *system* pool allocates with ``malloc``, which memray sees buffer by
 buffer. So before a worker's first level-2 measurement its Arrow is pointed
@@ -22,7 +23,8 @@ made now, before memray's tracker starts, by a one-byte allocation (a task
 would otherwise be charged it whole), and what that code allocates later
 stays unseen. Buffers allocated before stay with the pool that made them.
 A worker whose environment names a pool (``ARROW_DEFAULT_MEMORY_POOL``, the
-user's choice) keeps it, reserved the same way. The process stays on the
+user's choice) keeps it (its first reservation made the same way when pyarrow
+is loaded). The process stays on the
 system pool for its later, untraced tasks too: ``malloc`` is slower than
 mimalloc for many small buffers, which is the cost of measuring them.
 """

@@ -51,8 +51,8 @@ class Awaited:
 
         Its last attempt's execution then says that, if it failed in its worker:
         Ray's text of an error may be cut before the exception the body raised
-        (Ray keeps its last ~500 characters in 2.55, and a deep traceback runs
-        past them in any Ray), while the producer had the whole of it.
+        (Ray's events keep its last ~500 characters: a deep traceback or a long
+        message runs past them), while the producer had the whole of it.
         """
         self._by_ray_id[ray_task_id] = task
         if error is not None:
