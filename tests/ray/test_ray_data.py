@@ -555,6 +555,36 @@ def test_tracing_off_and_on_again_measures_every_task(tmp_path: Path) -> None:
         check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
 
 
+def test_the_environment_s_level_without_the_callback_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRACER_ENABLE_RAY_TRACING with no tracing callback (none registered, none named in
+    RAY_DATA_EXECUTION_CALLBACKS) traces nothing, in a process where an earlier enable()
+    installed the operator hook too: no task measures itself for a trace nobody
+    writes, and the next enable() gets every measurement (its workers had not looked
+    its actor up in vain)."""
+    from tracer.integrations.ray_data import worker
+
+    traced_data.enable(level=1, path=tmp_path / "before")  # the hook, as in one program
+    assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    traced_data.disable()
+    measured: list[Any] = []
+    trace_transformer = worker.trace_transformer
+    monkeypatch.setattr(worker, "trace_transformer",
+                        lambda *a: measured.append(a) or trace_transformer(*a))
+    monkeypatch.delenv("RAY_DATA_EXECUTION_CALLBACKS", raising=False)
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "1")
+    for _ in range(2):  # both of the job's two workers run its tasks
+        assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    assert not measured
+    assert [p.name for p in tmp_path.iterdir()] == ["before"]
+    traced_data.enable(level=1, path=tmp_path / "after")
+    assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    assert len(measured) == 1
+    _, rt = load_data_trace(only_trace(tmp_path / "after"))
+    check_data_trace(rt, {"1: ReadRange->MapBatches(where)": 2})
+
+
 def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -142,6 +142,19 @@ def unregister_callback(context: Any, cls: type) -> None:
         _set_instances(context, [cb for cb in callbacks if not isinstance(cb, cls)])
 
 
+def callback_registered(context: Any, cls: type) -> bool:
+    """Whether ``context`` itself names the callback (or a subclass): its classes
+    (2.55+) or its instances (before), not those ``RAY_DATA_EXECUTION_CALLBACKS``
+    names, which Ray adds as the execution starts."""
+    classes = getattr(context, _CLASSES_FIELD, None)
+    if isinstance(classes, list):
+        return any(isinstance(c, type) and issubclass(c, cls) for c in classes)
+    from ray.data._internal.execution import execution_callback as ec
+
+    callbacks = context.get_config(ec.EXECUTION_CALLBACKS_CONFIG_KEY, None) or ()
+    return any(isinstance(cb, cls) for cb in callbacks)
+
+
 def _instances(context: Any) -> list[Any]:
     """The callback instances of a context (Ray before 2.55), read from its config itself.
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import importlib
 import logging
 import os
 from collections import deque
@@ -60,6 +62,8 @@ logger = logging.getLogger("tracer")
 
 #: Where :func:`enable` keeps its settings in a ``DataContext``'s config.
 CONFIG_KEY = "tracer.ray_data"
+#: Ray Data's variable naming the callbacks it creates for every execution.
+CALLBACKS_ENV_VAR = "RAY_DATA_EXECUTION_CALLBACKS"
 #: The attribute of a traced executor: (the callback that traces it, its tracer or None).
 _EXECUTOR_ATTR = "_tracer_ray_data"
 #: The attribute of a traced operator: its token.
@@ -220,11 +224,35 @@ def _fresh_callback() -> TracingCallback:
 
 
 def _on_operator_start(op: Any) -> None:
-    """Before a map operator starts: make its tasks measure themselves (if traced)."""
+    """Before a map operator starts: make its tasks measure themselves (if traced).
+
+    The hook stays installed for the process, and the environment's level
+    applies to any context: an operator is measured only where a tracing
+    callback will see its execution (:func:`enable`'s, one registered on the
+    context, or one ``RAY_DATA_EXECUTION_CALLBACKS`` names). Else its tasks
+    would measure for no trace, and their workers, finding no metrics actor
+    under the channel's key, would remember that for the next traced run.
+    """
     try:
-        lvl = settings(getattr(op, "data_context", None)).level
+        context = getattr(op, "data_context", None)
+        lvl = settings(context).level
         if lvl == TracingLevel.OFF or compat.unsupported_reason() is not None:
             return
+        if context is None:
+            from ray.data import DataContext
+
+            context = DataContext.get_current()
+        if not compat.callback_registered(context, TracingCallback) and not _named_in_environment(
+            os.environ.get(CALLBACKS_ENV_VAR, "")
+        ):
+            return
+        _measure_operator(op, lvl)
+    except Exception as exc:
+        _unmeasured(exc)
+
+
+def _measure_operator(op: Any, lvl: TracingLevel) -> None:
+    try:
         from tracer.integrations.ray_data.execution import new_token
         from tracer.integrations.ray_data.worker import MeasureSpec, trace_transformer
 
@@ -233,10 +261,29 @@ def _on_operator_start(op: Any) -> None:
         if trace_transformer(compat.map_transformer(op), spec):
             setattr(op, _TOKEN_ATTR, token)
     except Exception as exc:
-        warn_once(
-            f"tracer: Ray Data tasks cannot measure themselves ({type(exc).__name__}: {exc}); "
-            "they are traced from the driver only"
-        )
+        _unmeasured(exc)
+
+
+def _unmeasured(exc: Exception) -> None:
+    warn_once(
+        f"tracer: Ray Data tasks cannot measure themselves ({type(exc).__name__}: {exc}); "
+        "they are traced from the driver only"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _named_in_environment(names: str) -> bool:
+    """Whether ``RAY_DATA_EXECUTION_CALLBACKS`` (``names``) names a :class:`TracingCallback`
+    (or a subclass), resolved as Ray Data does: ``module.Class``, comma-separated."""
+    for name in names.split(","):
+        module_name, _, cls_name = name.strip().rpartition(".")
+        if not module_name:
+            continue
+        with contextlib.suppress(Exception):
+            cls = getattr(importlib.import_module(module_name), cls_name)
+            if isinstance(cls, type) and issubclass(cls, TracingCallback):
+                return True
+    return False
 
 
 def _start_execution(executor: Any) -> ExecutionTracer | None:
@@ -266,7 +313,7 @@ def _start_execution(executor: Any) -> ExecutionTracer | None:
             if not hasattr(op, _TOKEN_ATTR) and compat.is_map_operator(op) and (
                 compat.transformer_not_sent(op)
             ):
-                _on_operator_start(op)
+                _measure_operator(op, s.level)
         tokens = {id(op): getattr(op, _TOKEN_ATTR) for op in ops if hasattr(op, _TOKEN_ATTR)}
         unmeasured = [
             str(getattr(op, "name", op)) for op in ops
