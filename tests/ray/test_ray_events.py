@@ -198,7 +198,8 @@ _BIG_JOB_SCRIPT = textwrap.dedent(
     import ray
     from tracer.ray.ray_events import GcsQuery, RayEventSource
 
-    ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False)
+    ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False,
+             log_to_driver=False)  # (stdout is the answer: no worker's lines in it)
 
     @ray.remote
     def noop():

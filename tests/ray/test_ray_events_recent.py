@@ -103,6 +103,7 @@ def test_a_later_run_of_the_job_reads_the_tasks_that_finished_last(
         # everything (the close), found by a read of the job.
         old = history[0]
         later.calls.clear()
+        source._one_task_s = 1.0  # how deep a recent read goes, not whether one is chosen
         assert {f.ray_task_id for f in source.read([*new, old])} == set(new)
         assert [c[0] for c in later.calls] == ["recent"]
         # Three tries reach at most ~8x the first limit (~840 with doubling, or less):

@@ -11,6 +11,7 @@ failure).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -116,9 +117,16 @@ def _inc(x: int) -> int:
     return x + 1
 
 
-def _nap(x: int) -> int:
+def _nap(folder: str, x: int) -> int:
+    """Holds its node's only CPU until two naps run at once, so both nodes run one (Ray
+    does not promise to spread: on a loaded machine one node's worker can take every
+    queued task before the other's starts). The timeout only stops a hang."""
     import time
 
+    Path(folder, f"started-{x}").touch()
+    deadline = time.monotonic() + 30
+    while sum(1 for _ in Path(folder).glob("started-*")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(0.2)
     return x
 
@@ -131,7 +139,10 @@ def _raise_on_3(x: int) -> int:
 
 def test_two_node_run(ray_cluster: object, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     trace = tmp_path / "two-nodes.perfetto-trace"
-    stages = [Stage("nap", _nap, num_cpus=1), Stage("inc", _inc, num_cpus=1)]
+    folder = tmp_path / "started"
+    folder.mkdir()
+    stages = [Stage("nap", functools.partial(_nap, str(folder)), num_cpus=1),
+              Stage("inc", _inc, num_cpus=1)]
     Pipeline(list(range(6)), stages).run(tracing_level=1, trace_path=trace, progress=False)
     assert wait_for_traces(trace, timeout=60)  # with Ray's events, drawn after the run returns
     run = render(trace, out_dir(request))
