@@ -1,10 +1,11 @@
 """Every difference between the Ray versions the Ray Data integration supports, in one place.
 
 Supported: Ray 2.50 (the floor of tracer's ``ray>=``) up to the newest
-(2.60 when this was written). CI runs the installed Ray only; the hooks
-below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
-2.60. Each difference, with what covers it (tests in
-``tests/ray/test_ray_data_compat.py`` unless said otherwise):
+(2.60 when this was written). CI runs 2.50 and the installed Ray; the Ray
+Data and Ray-events tests were run by hand on every minor release between
+(2.51.2 to 2.59.0), and the hooks below read in their sources. Each
+difference, with what covers it (tests in ``tests/ray/test_ray_data_compat.py``
+unless said otherwise):
 
 1. **Registering a callback** (2.55): up to 2.54 the ``DataContext`` holds
    callback *instances* in its key-value config
@@ -25,7 +26,7 @@ below were read in the sources of 2.50, 2.53, 2.54, 2.55, 2.57, 2.59 and
    position (tested with both call shapes).
 3. **A task's USS peak** is ``BlockExecStats.max_uss_bytes`` on each output
    block's metadata up to 2.54, ``TaskExecWorkerStats.max_uss_bytes`` from
-   2.55 (given to ``on_task_finished``; from 2.57 also on the blocks'
+   2.55 (given to ``on_task_finished``; from 2.56 also on the blocks'
    metadata): :func:`uss_of_output`, :func:`uss_of_finished` look in both.
 4. **``MapTransformer.apply_transform``** gained a stats reporter (2.57) and
    a ``clock`` keyword (2.60): :class:`~.worker.TracedMapTransformer`
