@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from both_nodes import meet
 from engines_agree import assert_engines_agree
 from ray_trace_checks import check_runner_trace
 
@@ -18,16 +19,7 @@ NUM_PARTITIONS = 6
 
 
 def _sleepy(folder: str, x: int) -> int:
-    """Holds its node's only CPU until two tasks run at once, so both nodes run one.
-
-    Ray does not promise to spread: the worker the owner already leased takes the
-    next queued task, so short tasks can all run on the head. The timeout only stops
-    a hang; the test then fails on its own assertion.
-    """
-    Path(folder, f"started-{x}").touch()
-    deadline = time.monotonic() + 30
-    while sum(1 for _ in Path(folder).glob("started-*")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    meet(folder, x)  # both nodes run one
     time.sleep(0.05)
     return x + 1
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from both_nodes import meet
 from ui_layout_checks import COUNTER, check_runner_layout
 from ui_shot import out_dir, render, script
 
@@ -118,15 +119,9 @@ def _inc(x: int) -> int:
 
 
 def _nap(folder: str, x: int) -> int:
-    """Holds its node's only CPU until two naps run at once, so both nodes run one (Ray
-    does not promise to spread: on a loaded machine one node's worker can take every
-    queued task before the other's starts). The timeout only stops a hang."""
     import time
 
-    Path(folder, f"started-{x}").touch()
-    deadline = time.monotonic() + 30
-    while sum(1 for _ in Path(folder).glob("started-*")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    meet(folder, x)  # both nodes run one
     time.sleep(0.2)
     return x
 
