@@ -234,6 +234,57 @@ def test_a_job_bigger_than_grpcs_default_reply_is_read_from_the_gcs(tmp_path: Pa
     assert out.stdout.split() == ["30", "gcs"], out.stderr[-2000:]
 
 
+_NO_GRPC_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["grpc"] = None  # as in an environment where grpcio is not installed
+    import ray
+    from tracer.ray import wait_for_traces
+    from tracer.runner import Pipeline, Stage
+
+    def neg(x):
+        return -x
+
+    ray.init(num_cpus=2, object_store_memory=78643200, include_dashboard=False,
+             log_to_driver=False)
+    for _ in range(2):
+        Pipeline(list(range(4)), [Stage("neg", neg)]).run(
+            tracing_level=1, trace_path=sys.argv[1], progress=False)
+    assert wait_for_traces(timeout=60)
+    """
+)
+
+
+def test_without_grpc_rays_events_are_read_the_slow_way_and_the_run_says_why(
+    tmp_path: Path,
+) -> None:
+    """Ray installs grpcio only with its extras. Without it the GCS cannot be queried:
+    the run still gets Ray's phases (read from every event Ray holds), and says once why,
+    so that a long-lived driver's user can see what its reads cost and what to install."""
+    path = tmp_path / "nogrpc.perfetto-trace"
+    script = tmp_path / "nogrpc.py"
+    script.write_text(_NO_GRPC_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(path)], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        capture_output=True, text=True, timeout=180, check=True,
+    )
+    said = [line for line in out.stderr.splitlines() if "cannot be read from the GCS" in line]
+    assert len(said) == 1 and "pip install grpcio" in said[0], out.stderr[-2000:]
+    model = load(path)  # the second run's trace
+    assert _counts(model)[L.ARG_RAY_EVENTS_SOURCE] == "all"
+    assert _counts(model)[L.ARG_RAY_EVENTS_MISSING] == 0
+    executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    phases = [s for s in model.slices if (s.name or "").startswith(L.RAY_TASK_PREFIX)]
+    assert len(executions) == 4 and len(phases) >= 4
+
+
+def test_the_package_installs_what_the_gcs_query_needs() -> None:
+    """The GCS query's one import beyond Ray's own install: a declared dependency."""
+    from importlib.metadata import requires
+
+    assert any(r.replace(" ", "").startswith("grpcio>=") for r in requires("tracer") or [])
+
+
 class _Counting:
     """The real GCS query, counting the job and one-task queries asked of it."""
 

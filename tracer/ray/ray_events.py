@@ -188,6 +188,7 @@ class GcsQuery:
     name = "gcs"
 
     def __init__(self, gcs_address: str) -> None:
+        import grpc  # type: ignore[import-untyped]  # noqa: F401  (first: Ray installs it only with its extras)
         from ray._private import ray_constants
 
         try:
@@ -334,10 +335,30 @@ def _sources() -> list[Query]:
         with contextlib.suppress(Exception):
             found.append(HeadQuery())
     else:
-        with contextlib.suppress(Exception):
+        try:
             found.append(GcsQuery(ray.get_runtime_context().gcs_address))
+        except Exception as exc:
+            _warn_no_gcs_query(exc)
     found.append(AllEventsQuery())
     return found
+
+
+_warned_no_gcs_query = False
+
+
+def _warn_no_gcs_query(exc: Exception) -> None:
+    """Say once per process why Ray's events are read the slow way: a long-lived driver's
+    reads then cost it every task Ray holds, of every job, and nothing else would tell."""
+    global _warned_no_gcs_query
+    if _warned_no_gcs_query:
+        return
+    _warned_no_gcs_query = True
+    hint = " (pip install grpcio)" if isinstance(exc, ImportError) else ""
+    logger.warning(
+        "tracer: Ray's task events cannot be read from the GCS (%s: %s)%s; reading every "
+        "task event Ray holds instead, which costs more the more tasks Ray keeps",
+        type(exc).__name__, exc, hint,
+    )
 
 
 class RayEventSource:
