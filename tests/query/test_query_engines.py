@@ -195,15 +195,44 @@ def test_engines_without_a_binary(no_binary: None, synthetic: Path) -> None:
 def test_a_binary_that_fails_to_start(no_binary: None, synthetic: Path, tmp_path: Path) -> None:
     fake = _fake_binary(tmp_path, "echo broken >&2; exit 3")
     config = QueryConfig(engine="trace_processor", trace_processor_path=str(fake), load_timeout=2)
-    with pytest.raises(TraceProcessorError, match="could not load") as err:
+    with pytest.raises(TraceProcessorError) as err:
         TraceQuery(synthetic, config)
-    assert "\n" not in str(err.value)
+    # The binary is to blame, not the trace (it starts before it is given the trace):
+    # what it said, and what to do.
+    message = str(err.value)
+    assert message.startswith(f"trace_processor ({fake}) failed to start (broken): point "
+                              "TRACE_PROCESSOR_PATH"), message
+    assert "could not load" not in message and str(synthetic) not in message
+    assert "\n" not in message
     # auto: a binary that does not start is no binary; the reader answers, and says why.
     auto = TraceQuery(synthetic, QueryConfig(engine="auto", trace_processor_path=str(fake),
                                              load_timeout=2))
     assert auto.engine == "reader"
-    assert any("could not load" in w for w in auto.warnings())
+    warning = auto.warnings()[0]
+    assert warning.startswith(f"trace_processor ({fake}) failed to start (broken): "), warning
+    assert warning.endswith(" working trace_processor_shell binary (download one on a machine "
+                            "with internet access from https://get.perfetto.dev/trace_processor,"
+                            " or take the prebuilt of a Perfetto release at "
+                            "https://github.com/google/perfetto/releases); used tracer's reader "
+                            "instead"), warning
+    assert ".;" not in warning
     assert len(auto.stage_summary()) == 2
+
+
+def test_a_file_the_system_cannot_run_failed_to_start(
+    no_binary: None, synthetic: Path, tmp_path: Path
+) -> None:
+    """Not a program at all (no shebang, another architecture): Popen's OSError, said as
+    the binary's failure, not the trace's."""
+    fake = tmp_path / "trace_processor_shell"
+    fake.write_bytes(b"\x00\x01\x02 not a program")
+    fake.chmod(0o755)
+    config = QueryConfig(engine="trace_processor", trace_processor_path=str(fake), load_timeout=2)
+    with pytest.raises(TraceProcessorError) as err:
+        TraceQuery(synthetic, config)
+    assert str(err.value).startswith(
+        f"trace_processor ({fake}) failed to start (Exec format error): point "
+    ), str(err.value)
 
 
 def test_auto_says_why_a_named_binary_is_unusable(

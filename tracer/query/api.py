@@ -234,7 +234,7 @@ class TraceQuery:
     def _find_warnings(self) -> list[str]:
         out: list[str] = []
         if self._fallback is not None:
-            out.append(f"{self._fallback}; used tracer's reader instead")
+            out.append(f"{self._fallback.rstrip('.')}; used tracer's reader instead")
         if self.engine == "trace_processor":
             # trace_processor reads a cut trace without a word (one cut inside its
             # compressed bundle reads as an empty trace): the framing says it.

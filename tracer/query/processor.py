@@ -18,7 +18,9 @@ from typing import Any
 
 from tracer.query.errors import TraceProcessorError, TraceProcessorNotFoundError
 
-__all__ = ["ENV_VAR", "NOT_FOUND_HELP", "find_trace_processor", "start_trace_processor"]
+__all__ = [
+    "ENV_VAR", "NOT_FOUND_HELP", "START_HELP", "find_trace_processor", "start_trace_processor",
+]
 
 ENV_VAR = "TRACE_PROCESSOR_PATH"
 
@@ -108,9 +110,53 @@ def start_trace_processor(trace: Path, bin_path: str, *, load_timeout: float = 3
     try:
         return TraceProcessor(trace=str(trace), config=config)
     except Exception as exc:
+        if _failed_to_start(exc, bin_path):
+            # The binary starts as a server before it is given the trace: the trace
+            # has nothing to do with this, the binary does.
+            said = _its_words(exc)
+            raise TraceProcessorError(
+                f"trace_processor ({bin_path}) failed to start"
+                f"{f' ({said})' if said else ''}: {START_HELP}"
+            ) from exc
         raise TraceProcessorError(
-            f"trace_processor ({bin_path}) could not load {trace}: {one_line(exc)}"
+            f"trace_processor ({bin_path}) could not load {trace}: {one_line(exc).rstrip('.')}"
         ) from exc
+
+
+#: What to do about a binary that does not start.
+START_HELP = (
+    f"point {ENV_VAR} (or --trace-processor) at a working trace_processor_shell binary "
+    f"({_GET_ONE})"
+)
+
+
+def _failed_to_start(exc: BaseException, bin_path: str) -> bool:
+    """Whether ``exc`` is the binary not starting (rather than it failing on the trace).
+
+    The perfetto package starts trace_processor as an HTTP server, without the trace,
+    and says "Trace processor failed to start" when it exits or never answers; a file
+    the system cannot run (another architecture, no shebang) fails in Popen with an
+    OSError naming it.
+    """
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return str(exc.filename) == str(bin_path)
+    return "failed to start" in str(exc).lower()
+
+
+def _its_words(exc: BaseException) -> str:
+    """What the binary printed on stderr (the perfetto package's message carries it), or
+    the system's reason it could not run; '' when there is nothing."""
+    if isinstance(exc, OSError):
+        return exc.strerror or ""
+    text = str(exc)
+    _, sep, rest = text.partition("stderr:")
+    if not sep:
+        return ""
+    lines = [line.strip() for line in rest.splitlines() if line.strip()]
+    if not lines or lines[0].startswith("If this is a slow machine"):
+        return ""
+    said = lines[0]
+    return said if len(said) <= 200 else said[:200] + "..."
 
 
 def one_line(exc: BaseException) -> str:
