@@ -125,6 +125,40 @@ def test_default_path_from_env_var_level(monkeypatch: pytest.MonkeyPatch) -> Non
     assert rt.scheduler.name == f"{L.SCHEDULER_PROCESS} (my-runner)"
 
 
+_BEFORE_RAY_INIT = """
+import sys
+import ray
+from tracer.ray import ray_tracer
+
+with ray_tracer("early", runner_name="r", level=1) as tracer:
+    tracer.count_inflight_tasks(0)
+    print(tracer.trace_path)
+assert not ray.is_initialized()  # the tracer started no Ray of its own
+"""
+
+
+def test_a_tracer_opened_before_ray_init_says_so_and_writes_where_it_says(
+    tmp_path: Path,
+) -> None:
+    """Opened before ``ray.init()`` (its documented precondition), a tracer wrote into
+    ``/tmp/ray/session_latest``: the machine's last session, one that had ended, and
+    warned at the close that Ray "was shut down". It now says Ray is not initialised,
+    and writes to the temp dir's ``tracer/`` folder, whose path the warning names."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRACER_TRACE_DIR", ENV_VAR)}
+    env["TMPDIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _BEFORE_RAY_INIT], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    path = Path(out.stdout.strip())
+    assert path.parent == tmp_path / "tracer"
+    assert "Ray is not initialised: call ray.init() before ray_tracer()" in out.stderr
+    assert str(path) in out.stderr and "shut down" not in out.stderr
+    assert load(path).slices[0].name == L.SLICE_EXECUTION
+
+
 def test_ray_tracer_yields_a_runner_tracer(tmp_path: Path) -> None:
     path = tmp_path / "direct.perfetto-trace"
     with ray_tracer("direct", level="timeline", path=path) as tracer:

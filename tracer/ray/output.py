@@ -22,6 +22,7 @@ import fcntl
 import os
 import re
 import stat
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,8 @@ def ray_session_dir() -> Path:
 
 
 def default_trace_dir() -> Path:
-    """``$TRACER_TRACE_DIR`` when set (and not empty), else ``<Ray session>/logs/tracer``.
+    """``$TRACER_TRACE_DIR`` when set (and not empty), else ``<Ray session>/logs/tracer``
+    (``<temp dir>/tracer`` when Ray is not initialised).
 
     Never raises: every default path (the runner's, Ray Data's, Daft's log
     folder) comes from here, most of them outside the guard that turns a
@@ -80,7 +82,20 @@ def default_trace_dir() -> Path:
                 f"({type(exc).__name__}: {exc}); traces go to {fallback} instead"
             )
             return fallback
+    if not _ray_initialized():
+        # No session of this process's to write in: ``session_latest`` names the machine's
+        # last session, most likely one that has ended, where nobody would look for it.
+        return Path(tempfile.gettempdir()) / "tracer"
     return ray_session_dir() / "logs" / "tracer"
+
+
+def _ray_initialized() -> bool:
+    try:
+        import ray
+
+        return bool(ray.is_initialized())
+    except Exception:
+        return False
 
 
 def default_trace_path(runner_name: str, execution_id: str) -> Path:

@@ -98,6 +98,7 @@ class LifecycleCalls:
     _disabled: bool
     _failed: bool
     _closed: bool
+    _ray_at_start: bool
     _flusher: Flusher
     _timeline: RunTimeline
     _ray_events: RayEventsChannel | None
@@ -208,8 +209,9 @@ class LifecycleCalls:
         """
         if not ray_connected():
             logger.warning(
-                "tracer: Ray was shut down before the trace of execution %s was closed; "
+                "tracer: Ray was %s when the trace of execution %s was closed; "
                 "measurements not read by then are recorded as lost in %s",
+                "shut down" if self._ray_at_start else "not running",
                 self.execution_id, self.trace_path,
             )
         self._complete_received()

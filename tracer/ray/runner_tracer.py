@@ -47,6 +47,7 @@ from typing import Any
 from tracer.format import TraceWriter
 from tracer.ray import layout as L
 from tracer.ray.actor_channel import ActorChannel
+from tracer.ray.connection import ray_connected
 from tracer.ray.events_channel import (
     SOURCE_RAY_EVENTS,
     RayEventsChannel,
@@ -107,6 +108,7 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         self.memray_native_traces = memray_native_traces
         self.memray_all_allocations = memray_all_allocations
         self._lock = threading.RLock()
+        self._ray_at_start = ray_connected()  # what the close says if Ray is gone by then
         self._disabled = False  # no more tracing: after an error, or once closed
         self._failed = False  # tracing stopped after an error
         self._noop_open = 0  # no-op task slices open on the loop

@@ -78,6 +78,13 @@ def ray_tracer(
         wait_for_traces(trace_path)  # an earlier run's trace there still being finished
         writer = open_trace(trace_path, compress=compress)
         totals = ray.cluster_resources() if ray.is_initialized() else {}
+        if not ray.is_initialized():
+            logger.warning(
+                "tracer: Ray is not initialised: call ray.init() before ray_tracer(); "
+                "execution %s is traced to %s without the cluster's resources or Ray's "
+                "task events",
+                execution_id, trace_path,
+            )
         if metrics_actor:
             from tracer.ray.metrics_actor import create_metrics_actor
 
