@@ -151,7 +151,8 @@ def test_events_split_across_chunks_parse_whole(
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        ("", "the end of the file"),
+        ("", "the file is empty"),
+        (" \n ", "holds nothing but white space"),
         ("hello", "not a Chrome trace JSON"),
         ('[{"ph": "X", "ts": 1,', "the file ends in the middle of an event"),
         ('[{"ph": "X", "name": "cut', "the file ends in the middle of an event"),

@@ -122,6 +122,9 @@ def iter_events(f: IO[str], name: str) -> Iterator[dict[str, Any]]:
         yield from _array(s, decoder)
     elif first == "{":
         yield from _object(s, decoder)
+    elif not first:
+        what = "is empty" if s.offset + s.pos == 0 else "holds nothing but white space"
+        raise ChromeJsonError(f"{name}: the file {what}: there are no events to convert")
     else:
         s.fail(
             "not a Chrome trace JSON (a list of events, or an object with 'traceEvents'): "

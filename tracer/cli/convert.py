@@ -14,17 +14,21 @@ id and name as annotations; other events (``submit_task`` on the driver,
 
 It streams: the file is read twice (names first, then events), one event at
 a time (:mod:`tracer.cli.chrome_json`), so memory holds a chunk, the names of
-nodes and workers, and the few events of one task at a time.
+nodes and workers, and the few events of one task at a time. A gzip-compressed
+timeline (``timeline.json.gz``; told by its first bytes, not its name) is
+inflated as it is read, a chunk at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tracer.cli._common import warn
 from tracer.cli.chrome_json import ChromeJsonError, iter_events
@@ -56,31 +60,38 @@ def add_parser(commands: Any) -> None:
             "Convert a Ray timeline, the Chrome JSON that `ray timeline` or ray.timeline() "
             "writes, to a native Perfetto trace: a process per node, a thread per worker, "
             "each task with Ray's phases nested in it and its task id as an annotation. "
-            "Streams, so any size converts in bounded memory."
+            "Reads it plain or gzip-compressed. Streams, so any size converts in bounded "
+            "memory."
         ),
     )
-    parser.add_argument("json", metavar="TIMELINE", help="the Chrome JSON file")
+    parser.add_argument(
+        "json", metavar="TIMELINE", help="the Chrome JSON file (or that file gzip-compressed)"
+    )
     parser.add_argument(
         "-o", "--output", metavar="TRACE",
         help="the trace to write, or a folder to write it in (default: TIMELINE with "
-        ".perfetto-trace for .json)",
+        ".perfetto-trace for .json or .json.gz)",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     source = Path(args.json)
-    default_name = source.with_suffix(".perfetto-trace").name
+    # The input first: a wrong input is the mistake to report, whatever -o says.
+    if not source.exists():
+        raise ChromeJsonError(f"no such trace file: {source}")
+    if source.is_dir():
+        raise ChromeJsonError(f"{source}: is a folder, not a JSON file")
+    check_input(source)
+    default = default_output(source)
     if args.output is None:
-        out = source.with_suffix(".perfetto-trace")
+        out = default
     elif Path(args.output).is_dir():
-        out = Path(args.output) / default_name  # -o FOLDER: the default name, in it
+        out = Path(args.output) / default.name  # -o FOLDER: the default name, in it
     elif args.output.endswith(("/", os.sep)):
         raise ChromeJsonError(f"{args.output}: no such folder")
     else:
         out = Path(args.output)
-    if source.is_dir():
-        raise ChromeJsonError(f"{source}: is a folder, not a JSON file")
     if out.resolve() == source.resolve() or _same_file(out, source):
         raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
     stats = convert(source, out)
@@ -89,6 +100,57 @@ def run(args: argparse.Namespace) -> int:
     print(f"{out}: {stats.tasks} task(s), {stats.slices} slice(s) on {stats.workers} "
           f"thread(s) of {stats.nodes} node(s)", file=sys.stdout)
     return 0
+
+
+def default_output(source: Path) -> Path:
+    """``x.json`` and ``x.json.gz`` as ``x.perfetto-trace``, beside them."""
+    name = source.name
+    if name.lower().endswith(".gz") and len(name) > 3:
+        source = source.with_name(name[:-3])
+    return source.with_suffix(".perfetto-trace")
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SNIFF = 4096
+#: Bytes that never appear raw in JSON text (control characters but tab, LF, CR).
+_CONTROL = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D}
+
+
+def _is_gzip(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def check_input(source: Path) -> None:
+    """Refuse, saying why, an input that is no Chrome JSON in a way worth naming: an empty
+    file, or a Perfetto protobuf trace already (plain or gzip-compressed). Other inputs
+    are left to the parser, which says where they go wrong."""
+    gz = _is_gzip(source)
+    with source.open("rb") as f:
+        if gz:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                head = inflater.decompress(f.read(1 << 16), _SNIFF)
+            except zlib.error as exc:
+                raise ChromeJsonError(
+                    f"{source}: its gzip compression is damaged ({exc})"
+                ) from None
+        else:
+            head = f.read(_SNIFF)
+    packed = " (gzip-compressed)" if gz else ""
+    if not head:
+        raise ChromeJsonError(
+            f"{source}: the file is empty{' once inflated' if gz else ''}: there are no "
+            "events to convert"
+        )
+    # A Perfetto trace is a run of TracePacket records (tag 0a, then a length and the
+    # packet's bytes): binary fields that JSON text never holds.
+    if head[0] == 0x0A and any(b in _CONTROL for b in head[:256]):
+        raise ChromeJsonError(
+            f"{source}: it already is a Perfetto protobuf trace{packed}, not Chrome JSON: "
+            "there is nothing to convert (tracer summary, tracer open and the Perfetto UI "
+            "read it as it is)"
+        )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -110,9 +172,23 @@ class Stats:
         self.workers = 0
 
 
+def _open_text(path: Path) -> IO[str]:
+    """The file as text, inflated as it is read when it is gzip-compressed."""
+    if _is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return path.open(encoding="utf-8", errors="replace")
+
+
 def _events(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8", errors="replace") as f:
-        yield from iter_events(f, str(path))
+    with _open_text(path) as f:
+        try:
+            yield from iter_events(f, str(path))
+        except EOFError:  # gzip's: the compressed stream stops inside a member
+            raise ChromeJsonError(
+                f"{path}: the gzip file is cut short (while being written or copied?)"
+            ) from None
+        except (zlib.error, gzip.BadGzipFile) as exc:
+            raise ChromeJsonError(f"{path}: its gzip compression is damaged ({exc})") from None
 
 
 def convert(source: Path, out: Path) -> Stats:
