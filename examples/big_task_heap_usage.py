@@ -6,17 +6,19 @@
 
 Partitions are made on the workers by a generator of factories: each is R
 rows of 64 random-looking bytes, one numpy uint8 array (numpy comes with
-Ray). The stage "inflate" (a UDF) repeats every row F times, so its output
-is F times bigger than its input; "deflate" keeps the first 1/D of every
-row. Each stage asks Ray for Q times the size of its
-input (``memory=``, a common rule of thumb), which is far too little for
-"inflate". At tracing level 1 (the default) every task's execution slice shows
-its worker's RSS peak next to its requested memory; at level 2 memray measures
-each task's real heap peak, and the tasks whose peak exceeds their request are
-flagged (``over_request``). At the end the script prints what ``tracer memory
---suggest`` prints for the trace (``tracer.cli.memory.memory_report``):
-requested vs actual memory per stage and per node, the tasks over their
-request, and the ``memory=`` each stage should request instead.
+pandas, one of tracer's dependencies). The stage "inflate" (a UDF) repeats
+every row F times, so its output is F times bigger than its input; "deflate"
+keeps the first 1/D of every row. Each stage asks Ray for Q times the size of
+its input (``Stage(..., memory_bytes=...)``, which the runner passes to Ray as
+``memory=``; a common rule of thumb), which is far too little for "inflate".
+At tracing level 1 (the default, or ``$TRACER_ENABLE_RAY_TRACING`` when set)
+every task's execution slice shows its worker's RSS peak next to its
+requested memory; at level 2 memray measures each task's real heap peak, and
+the tasks whose peak exceeds their request are flagged (``over_request``). At
+the end the script prints what ``tracer memory --suggest`` prints for the
+trace (``tracer.cli.memory.memory_report``): requested vs actual memory per
+stage and per node, the tasks over their request, and the memory each stage
+should request instead.
 
 It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
 (2 CPUs, an object store sized for the data). The trace goes to
@@ -39,6 +41,7 @@ import ray
 
 from tracer.cli.memory import memory_report
 from tracer.errors import InvalidTracingLevelError
+from tracer.ray import ENV_VAR as LEVEL_ENV_VAR
 from tracer.ray import TracingLevel, resolve_level
 from tracer.runner import Pipeline, Stage
 
@@ -110,6 +113,21 @@ def _level(text: str) -> TracingLevel:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _level_or_environment(
+    parser: argparse.ArgumentParser, given: TracingLevel | None
+) -> TracingLevel:
+    """--tracing-level if given, else $TRACER_ENABLE_RAY_TRACING when set (read by the
+    library's own rule: a bad value is a usage error naming the valid ones), else 1."""
+    if given is not None:
+        return given
+    if not os.environ.get(LEVEL_ENV_VAR, "").strip():
+        return TracingLevel.TIMELINE
+    try:
+        return resolve_level()
+    except InvalidTracingLevelError as exc:
+        parser.error(str(exc))
+
+
 def _no_trace(level: TracingLevel) -> str:
     if level == TracingLevel.OFF:
         return "tracing is off (level 0): no trace written"
@@ -118,23 +136,37 @@ def _no_trace(level: TracingLevel) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-partitions", type=_positive, default=8)
-    parser.add_argument("--num-rows-per-partition", type=_positive, default=200_000)
-    parser.add_argument("--inflation-factor", type=_positive, default=16)
-    parser.add_argument("--deflation-factor", type=_positive, default=8)
     parser.add_argument(
-        "--request-factor", type=_positive, default=2,
-        help="each stage requests this many times its input size as memory (default 2)",
+        "--num-partitions", type=_positive, default=8,
+        help="how many partitions, one task per stage each (default %(default)s)",
     )
     parser.add_argument(
-        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
-        help="0 (off), 1 (timeline, default) or 2 (memory)",
+        "--num-rows-per-partition", type=_positive, default=200_000,
+        help=f"rows of {ROW_BYTES} bytes in each partition (default %(default)s)",
+    )
+    parser.add_argument(
+        "--inflation-factor", type=_positive, default=16,
+        help="'inflate' repeats every row this many times (default %(default)s)",
+    )
+    parser.add_argument(
+        "--deflation-factor", type=_positive, default=8,
+        help="'deflate' keeps 1/this of every row (default %(default)s)",
+    )
+    parser.add_argument(
+        "--request-factor", type=_positive, default=2,
+        help="each stage requests this many times its input size as memory, "
+        "Stage(memory_bytes=...) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--tracing-level", type=_level, default=None,
+        help=f"0 (off), 1 (timeline) or 2 (memory); default: ${LEVEL_ENV_VAR} when set, else 1",
     )
     parser.add_argument(
         "--trace-out", type=Path, default=None,
         help="trace file (default: <Ray session>/logs/tracer/...)",
     )
     args = parser.parse_args()
+    args.tracing_level = _level_or_environment(parser, args.tracing_level)
     n, rows = args.num_partitions, args.num_rows_per_partition
     inflation, deflation = args.inflation_factor, args.deflation_factor
 

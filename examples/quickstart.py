@@ -3,8 +3,9 @@
     python examples/quickstart.py [--num-partitions N] [--tracing-level 0|1|2] [--trace-out PATH]
 
 It runs tracer's reference runner (``tracer.runner.Pipeline``) on the Ray
-cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts (2 CPUs). The
-trace goes to ``--trace-out``, or by default to the Ray session's log folder
+cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts (2 CPUs), at
+tracing level ``--tracing-level``, else ``$TRACER_ENABLE_RAY_TRACING`` when set,
+else 1. The trace goes to ``--trace-out``, or by default to the Ray session's log folder
 (``<session>/logs/tracer/``). Open it at https://ui.perfetto.dev ("Open trace
 file"), or with ``tracer open PATH``.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 import ray
 
 from tracer.errors import InvalidTracingLevelError
+from tracer.ray import ENV_VAR as LEVEL_ENV_VAR
 from tracer.ray import TracingLevel, resolve_level
 from tracer.runner import Pipeline, Stage
 
@@ -69,6 +71,21 @@ def _level(text: str) -> TracingLevel:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _level_or_environment(
+    parser: argparse.ArgumentParser, given: TracingLevel | None
+) -> TracingLevel:
+    """--tracing-level if given, else $TRACER_ENABLE_RAY_TRACING when set (read by the
+    library's own rule: a bad value is a usage error naming the valid ones), else 1."""
+    if given is not None:
+        return given
+    if not os.environ.get(LEVEL_ENV_VAR, "").strip():
+        return TracingLevel.TIMELINE
+    try:
+        return resolve_level()
+    except InvalidTracingLevelError as exc:
+        parser.error(str(exc))
+
+
 def _no_trace(level: TracingLevel) -> str:
     if level == TracingLevel.OFF:
         return "tracing is off (level 0): no trace written"
@@ -77,16 +94,20 @@ def _no_trace(level: TracingLevel) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-partitions", type=_positive, default=12)
     parser.add_argument(
-        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
-        help="0 (off), 1 (timeline, default) or 2 (memory)",
+        "--num-partitions", type=_positive, default=12,
+        help="how many lines of text, one task per stage each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--tracing-level", type=_level, default=None,
+        help=f"0 (off), 1 (timeline) or 2 (memory); default: ${LEVEL_ENV_VAR} when set, else 1",
     )
     parser.add_argument(
         "--trace-out", type=Path, default=None,
         help="trace file (default: <Ray session>/logs/tracer/...)",
     )
     args = parser.parse_args()
+    args.tracing_level = _level_or_environment(parser, args.tracing_level)
 
     lines = [
         f"the quick brown fox {i} jumps over the lazy dog the end {'fox ' * (i % 3)}"

@@ -14,26 +14,29 @@ and ``TRACER_ENABLE_RAY_TRACING=1``). At level 2 every map task runs under
 memray in its worker, and the table at the end (``tracer memory``'s) shows
 each operator's requested vs actual heap peak: inflate far over its request.
 
-It runs on the cluster named by ``$RAY_ADDRESS``, or on a local Ray it starts
-(2 CPUs). The trace goes to ``--trace-dir``, or by default to the Ray
-session's ``logs/tracer`` folder; the script prints where.
+It needs Ray Data's own dependencies (``pip install -e '.[raydata]'``; without
+them it says so and exits with status 2). It runs on the cluster named by
+``$RAY_ADDRESS``, or on a local Ray it starts (2 CPUs), at tracing level
+``--tracing-level``, else ``$TRACER_ENABLE_RAY_TRACING`` when set, else 1. The
+trace goes to ``--trace-dir``, or by default to the Ray session's
+``logs/tracer`` folder; the script prints where.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
-import ray.data
 
-import tracer.integrations.ray_data as traced_data
 from tracer.cli.memory import memory_report
 from tracer.errors import InvalidTracingLevelError
+from tracer.ray import ENV_VAR as LEVEL_ENV_VAR
 from tracer.ray import TracingLevel, resolve_level
 
 ROW_BYTES = 64
@@ -56,6 +59,24 @@ def deflate(batch: dict[str, Any], factor: int) -> dict[str, Any]:
     """Every row cut to 1/``factor`` of its length (a copy)."""
     rows = np.stack(batch["row"])
     return {"row": rows[:, : max(1, rows.shape[1] // factor)].copy()}
+
+
+def import_ray_data() -> Any:
+    """``tracer.integrations.ray_data``, imported with Ray Data; without Ray Data's own
+    dependencies (pyarrow, ...: the ``raydata`` extra), a one-line error and exit status 2."""
+    try:
+        import ray.data  # noqa: F401
+
+        import tracer.integrations.ray_data as traced_data
+    except ModuleNotFoundError as exc:
+        print(
+            f"ray_data_inflate.py: error: Ray Data needs {exc.name or exc}, which is not "
+            "installed: install tracer's raydata extra, pip install -e '.[raydata]' "
+            "(from the project root)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return traced_data
 
 
 def start_ray(object_store_memory: int) -> None:
@@ -88,6 +109,21 @@ def _level(text: str) -> TracingLevel:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _level_or_environment(
+    parser: argparse.ArgumentParser, given: TracingLevel | None
+) -> TracingLevel:
+    """--tracing-level if given, else $TRACER_ENABLE_RAY_TRACING when set (read by the
+    library's own rule: a bad value is a usage error naming the valid ones), else 1."""
+    if given is not None:
+        return given
+    if not os.environ.get(LEVEL_ENV_VAR, "").strip():
+        return TracingLevel.TIMELINE
+    try:
+        return resolve_level()
+    except InvalidTracingLevelError as exc:
+        parser.error(str(exc))
+
+
 def _no_trace(level: TracingLevel) -> str:
     if level == TracingLevel.OFF:
         return "tracing is off (level 0): no trace written"
@@ -96,27 +132,42 @@ def _no_trace(level: TracingLevel) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-blocks", type=_positive, default=8)
-    parser.add_argument("--num-rows-per-block", type=_positive, default=50_000)
-    parser.add_argument("--inflation-factor", type=_positive, default=16)
-    parser.add_argument("--deflation-factor", type=_positive, default=8)
     parser.add_argument(
-        "--request-factor", type=_positive, default=2,
-        help="each map asks for this many times its input size as memory (default 2)",
+        "--num-blocks", type=_positive, default=8,
+        help="how many blocks, one task per map each (default %(default)s)",
     )
     parser.add_argument(
-        "--tracing-level", type=_level, default=TracingLevel.TIMELINE,
-        help="0 (off), 1 (timeline, default) or 2 (memory)",
+        "--num-rows-per-block", type=_positive, default=50_000,
+        help=f"rows of {ROW_BYTES} bytes in each block (default %(default)s)",
+    )
+    parser.add_argument(
+        "--inflation-factor", type=_positive, default=16,
+        help="inflate repeats every row this many times (default %(default)s)",
+    )
+    parser.add_argument(
+        "--deflation-factor", type=_positive, default=8,
+        help="deflate keeps 1/this of every row (default %(default)s)",
+    )
+    parser.add_argument(
+        "--request-factor", type=_positive, default=2,
+        help="each map asks for this many times its input size as memory, "
+        "map_batches(memory=...) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--tracing-level", type=_level, default=None,
+        help=f"0 (off), 1 (timeline) or 2 (memory); default: ${LEVEL_ENV_VAR} when set, else 1",
     )
     parser.add_argument(
         "--trace-dir", type=Path, default=None,
         help="folder for the trace (default: <Ray session>/logs/tracer)",
     )
     args = parser.parse_args()
+    args.tracing_level = _level_or_environment(parser, args.tracing_level)
     n, rows = args.num_blocks, args.num_rows_per_block
     inflation, deflation = args.inflation_factor, args.deflation_factor
     block_bytes = rows * ROW_BYTES
 
+    traced_data = import_ray_data()
     start_ray(int(min(max(8 * block_bytes * inflation, 80 * MIB), 4096 * MIB)))
     ray.data.DataContext.get_current().enable_progress_bars = False
     traced = traced_data.enable(level=args.tracing_level, path=args.trace_dir)

@@ -16,13 +16,15 @@ from tracer.ray import layout as L
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _run(script: str, *args: str) -> str:
+def _run(script: str, *args: str, level_env: str | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.pop("TRACER_ENABLE_RAY_TRACING", None)
+    if level_env is not None:
+        env["TRACER_ENABLE_RAY_TRACING"] = level_env
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True, text=True, timeout=180, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -73,6 +75,86 @@ def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
         return
     assert _printed_trace(out) == path
     assert _stage_executions(path) == {"inflate": 3, "deflate": 3}
+
+
+@pytest.mark.parametrize(
+    ("script", "out_flag", "args"),
+    [
+        ("quickstart.py", "--trace-out", ["--num-partitions", "2"]),
+        ("big_task_heap_usage.py", "--trace-out",
+         ["--num-partitions", "2", "--num-rows-per-partition", "100"]),
+        ("ray_data_inflate.py", "--trace-dir",
+         ["--num-blocks", "2", "--num-rows-per-block", "100"]),
+    ],
+)
+def test_the_environments_level_0_is_the_default(
+    script: str, out_flag: str, args: list[str], tmp_path: Path
+) -> None:
+    """TRACER_ENABLE_RAY_TRACING=0 and no --tracing-level: the run goes on, untraced."""
+    if script == "ray_data_inflate.py":
+        pytest.importorskip("pyarrow", reason="the raydata extra is not installed")
+    out_dir = tmp_path / "traces"
+    out_dir.mkdir()
+    target = out_dir if out_flag == "--trace-dir" else out_dir / "t.perfetto-trace"
+    out = _run(script, *args, out_flag, str(target), level_env="0")
+    assert "tracing is off (level 0): no trace written" in out, out
+    assert "trace written to" not in out and list(out_dir.iterdir()) == []
+
+
+def test_an_explicit_level_wins_over_the_environments(tmp_path: Path) -> None:
+    path = tmp_path / "t.perfetto-trace"
+    out = _run("quickstart.py", "--num-partitions", "2", "--tracing-level", "1",
+               "--trace-out", str(path), level_env="0")
+    assert _printed_trace(out) == path
+    assert _stage_executions(path) == {"tokenize": 2, "count words": 2, "top word": 2}
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "big_task_heap_usage.py",
+                                    "ray_data_inflate.py"])
+def test_a_bad_level_in_the_environment_is_a_usage_error(script: str) -> None:
+    env = {**os.environ, "TRACER_ENABLE_RAY_TRACING": "loud"}
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    # The library's own words for it (tracer.ray.resolve_level), before Ray starts.
+    assert "invalid $TRACER_ENABLE_RAY_TRACING 'loud'; valid levels: 0 (off)" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr
+
+
+def test_help_says_the_defaults() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "big_task_heap_usage.py"), "--help"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps to the terminal's width
+    for needle in ["--num-partitions NUM_PARTITIONS how many partitions", "(default 8)",
+                   "rows of 64 bytes in each partition (default 200000)",
+                   "repeats every row this many times (default 16)",
+                   "keeps 1/this of every row (default 8)",
+                   "default: $TRACER_ENABLE_RAY_TRACING when set, else 1"]:
+        assert needle in text, proc.stdout
+
+
+def test_ray_data_example_without_its_extra_says_what_to_install() -> None:
+    """Without pyarrow (the raydata extra), one line and exit status 2, not a traceback."""
+    script = str(EXAMPLES / "ray_data_inflate.py")
+    no_pyarrow = (
+        "import runpy, sys; sys.modules['pyarrow'] = None; "  # import pyarrow: not found
+        f"sys.argv = [{script!r}]; runpy.run_path({script!r}, run_name='__main__')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRACER_ENABLE_RAY_TRACING"}
+    proc = subprocess.run(
+        [sys.executable, "-c", no_pyarrow],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "ray_data_inflate.py: error: Ray Data needs pyarrow, which is not installed: install "
+        "tracer's raydata extra, pip install -e '.[raydata]' (from the project root)"
+    ]
 
 
 @pytest.mark.parametrize(
