@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 
@@ -41,9 +41,27 @@ def fetch(path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
             return err.code, dict(err.headers), err.read()
 
 
+def url_in(link: str) -> str:
+    """The trace's URL in a UI link, as the UI reads it: the ``url=`` argument of the
+    query in its fragment (``#!/?url=...&...``), decoded once."""
+    fragment = urlsplit(link).fragment
+    assert fragment.startswith("!/?"), link
+    args = dict(arg.split("=", 1) for arg in fragment[3:].split("&"))
+    return unquote(args["url"])
+
+
+def as_a_browser_fetches(url: str) -> str:
+    """The path a browser requests for ``url``: up to a '#', what it may not send as it
+    is (a space, non-ASCII) percent-encoded, a '%' left as it is."""
+    parts = urlsplit(url)
+    assert (parts.scheme, parts.netloc) == ("http", "127.0.0.1:9001"), url
+    path = quote(parts.path, safe="/%:@!$&'()*+,;=")
+    return path + (f"?{quote(parts.query, safe='/%:@!$&()*+,;=?')}" if parts.query else "")
+
+
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
-    path = tmp_path / "my run.perfetto-trace"  # a space: the link must quote it
+    path = tmp_path / "my run.perfetto-trace"  # a space: served under a safe name
     # A few real-looking packet records (the command only checks the first byte).
     path.write_bytes(b"\x0a\x02\x50\x01" * 1000)
     return path
@@ -76,8 +94,10 @@ def test_serves_the_trace_once_to_the_ui(trace: Path, port_free: None) -> None:
         link = proc.stdout.readline().strip()
         head, commands = link.split("&startupCommands=")
         assert head == (
-            f"{UI}/#!/?url=http://127.0.0.1:9001/{quote(trace.name)}&referrer=open_trace_in_ui"
+            f"{UI}/#!/?url=http://127.0.0.1:9001/my_run.perfetto-trace&referrer=open_trace_in_ui"
         )
+        served = as_a_browser_fetches(url_in(link))
+        assert served == "/my_run.perfetto-trace"
         # The view the UI sets up once loaded (run in the real UI by tests/ui): the run and
         # its scheduler, stages and nodes expanded, the dispatch loop pinned.
         assert [(c["id"], c["args"]) for c in json.loads(unquote(commands))] == [
@@ -90,11 +110,12 @@ def test_serves_the_trace_once_to_the_ui(trace: Path, port_free: None) -> None:
             assert s.connect_ex(("127.0.0.2", 9001)) != 0
         # Anything but the file is 404, the UI's RPC probe included; the server keeps going.
         for path, method in (("/", "GET"), ("/other.perfetto-trace", "GET"), ("/status", "POST"),
-                             (f"/{quote(trace.name)}", "POST"), ("/../etc/passwd", "GET")):
+                             (served, "POST"), (f"/{quote(trace.name)}", "GET"),
+                             ("/../etc/passwd", "GET")):
             status, _, _ = fetch(path, method)
             assert status == 404, (path, method)
         assert proc.poll() is None
-        status, headers, body = fetch(f"/{quote(trace.name)}")
+        status, headers, body = fetch(served)
         assert status == 200
         assert headers["Access-Control-Allow-Origin"] == UI
         assert headers["Cache-Control"] == "no-cache"
@@ -102,7 +123,30 @@ def test_serves_the_trace_once_to_the_ui(trace: Path, port_free: None) -> None:
         # Served once: it exits, successfully.
         assert proc.wait(timeout=10) == 0
         with pytest.raises(urllib.error.URLError):
-            fetch(f"/{quote(trace.name)}")
+            fetch(served)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("name", [
+    "my trace #1 %.perfetto-trace", "a?b&c=d+e %41.perfetto-trace",
+])
+def test_the_link_serves_a_file_of_any_name(tmp_path: Path, name: str, port_free: None) -> None:
+    """The UI decodes the url= argument of its own URL once: the name in it must come out
+    of that a path the server serves ('#' ends a URL's path, '%' starts an escape, '?'
+    a query, '&' the next argument of the link)."""
+    trace = tmp_path / name
+    trace.write_bytes(b"\x0a\x02\x50\x01" * 1000)
+    proc = start(trace, "--timeout", "60")
+    try:
+        assert proc.stdout is not None
+        link = proc.stdout.readline().strip()
+        status, _, body = fetch(as_a_browser_fetches(url_in(link)))
+        assert status == 200, (link, url_in(link))
+        assert body == trace.read_bytes()
+        assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,11 @@ view shows the loop and what it launched. Only commands on the UI's
 startup allowlist run (pinning and expanding tracks by name are; selecting
 a slice is not).
 
+The file is served under :func:`served_name`, its name with anything but
+letters, digits, ``.``, ``_`` and ``-`` made ``_``: the UI takes the trace's
+URL from a ``url=`` argument in its own URL's fragment and decodes it, so a
+name with ``#``, ``%``, ``?``, ``&`` or a space would not survive the trip.
+
 On a remote machine (a Ray head node), forward the port first:
 ``ssh -L 9001:127.0.0.1:9001 HOST``, then open the link locally.
 """
@@ -62,9 +67,12 @@ STARTUP_COMMANDS: list[dict[str, Any]] = [
 ]
 
 __all__ = [
-    "HOST", "PORT", "STARTUP_COMMANDS", "UI_ORIGIN", "add_parser", "run", "startup_query",
-    "ui_link",
+    "HOST", "PORT", "STARTUP_COMMANDS", "UI_ORIGIN", "add_parser", "run", "served_name",
+    "startup_query", "ui_link",
 ]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_FALLBACK_NAME = "trace.perfetto-trace"
 
 
 def add_parser(commands: Any) -> None:
@@ -110,9 +118,17 @@ def startup_query() -> str:
     return "startupCommands=" + quote(json.dumps(STARTUP_COMMANDS, separators=(",", ":")), safe="")
 
 
+def served_name(name: str) -> str:
+    """The name a file is served under: ``name`` with every character but ASCII letters,
+    digits, ``.``, ``_`` and ``-`` replaced by ``_`` (``my run #1.perfetto-trace`` is
+    ``my_run__1.perfetto-trace``), which no URL encoding or decoding changes."""
+    safe = _UNSAFE.sub("_", name)
+    return safe if safe.strip(".") else _FALLBACK_NAME
+
+
 def ui_link(name: str) -> str:
-    """The Perfetto UI deep link that fetches ``name`` from 127.0.0.1:9001 and runs
-    :data:`STARTUP_COMMANDS` once it is loaded."""
+    """The Perfetto UI deep link that fetches ``name`` (a :func:`served_name`) from
+    127.0.0.1:9001 and runs :data:`STARTUP_COMMANDS` once it is loaded."""
     return (
         f"{UI_ORIGIN}/#!/?url=http://{HOST}:{PORT}/{quote(name)}&referrer=open_trace_in_ui"
         f"&{startup_query()}"
@@ -169,7 +185,7 @@ class _OneFileServer(http.server.HTTPServer):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.name = path.name
+        self.name = served_name(path.name)
         self.served = False
         super().__init__((HOST, PORT), _Handler)
 
@@ -205,13 +221,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{HOST}:{PORT}"
             ) from None
         raise TracerError(f"cannot listen on {HOST}:{PORT}: {exc.strerror or exc}") from None
-    link = ui_link(path.name)
+    link = ui_link(server.name)
     with server:
         print(link, flush=True)
         wait = "until the UI fetches it" if not args.timeout else f"for up to {args.timeout:g} s"
         print(
-            f"tracer: serving {path} once on http://{HOST}:{PORT}/ {wait}; open the link above "
-            "in a browser on this machine (Ctrl-C to stop)",
+            f"tracer: serving {path} once as http://{HOST}:{PORT}/{server.name} {wait}; open "
+            "the link above in a browser on this machine (Ctrl-C to stop)",
             file=sys.stderr, flush=True,
         )
         if args.browser and not webbrowser.open(link):
