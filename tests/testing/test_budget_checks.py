@@ -69,7 +69,9 @@ def test_within_request_names_the_tasks_over_it_worst_first(tmp_path: Path) -> N
         ("0-1", "worker 12", "4 MiB 16 MiB 4.00x"),
         ("0-0", "worker 11", "4 MiB 5 MiB 1.25x"),
     ]
-    assert "'map': memory=20971520 (20 MiB)" in message
+    assert "'map': 20971520 bytes (20 MiB)" in message
+    # The plugin sees any runner's tasks: the hint names where each sets its request.
+    assert "Stage(memory_bytes=...) in tracer's runner, memory= in Ray's .options()" in message
     assert str(run.traces[0]) in message
     run.assert_within_request(factor=4.0)  # 16 MiB is 4x its request
     with pytest.raises(MemoryBudgetError, match=r"3\.9x their memory request"):
@@ -143,7 +145,8 @@ def test_nothing_to_check_is_an_error_not_a_pass(tmp_path: Path) -> None:
     with pytest.raises(TracedMemoryError, match="written at tracing level 1, not 2"):
         traced(tmp_path / "d", [("map", MIB, MIB)], level=1)
     run = traced(tmp_path / "e", [("map", None, MIB), ("reduce", MIB, None), ("reduce", MIB, 1)])
-    with pytest.raises(TracedMemoryError, match=r"no measured task of stage\(s\) 'map'"):
+    with pytest.raises(TracedMemoryError, match=r"no measured task of stage\(s\) 'map' "
+                       r"requested memory \(the request is Stage\(memory_bytes=\.\.\.\)"):
         run.assert_within_request(stages="map")
     with pytest.raises(TracedMemoryError, match=r"no stage named 'mpa'.*stages: 'map', 'reduce'"):
         run.assert_stage_peak("mpa", "1 GiB")

@@ -141,7 +141,8 @@ def test_budgets_pass_and_fail_as_written(
     )
     assert sorted(r[0] for r in rows) == ["0-0", "0-1", "0-2"], under
     assert all(4.0 <= float(r[3]) < 4.2 for r in rows), under
-    assert "'grow': memory=22020096 (21 MiB)" in under  # 16 MiB x 1.25, up to a MiB
+    assert "'grow': 22020096 bytes (21 MiB)" in under  # 16 MiB x 1.25, up to a MiB
+    assert "Stage(memory_bytes=...) in tracer's runner" in under
     kept = _kept_traces(under)
     assert len(kept) == 1 and kept[0].is_file()
     assert "small" not in re.findall(r"^E\s+(\w+)\s+\d-\d", under, re.MULTILINE)

@@ -6,7 +6,7 @@ memray) into a folder of its own, and checks what the tasks used::
     def test_inflate_fits(traced_memory):
         with traced_memory as run:
             Pipeline(parts, stages).run()          # any runner on tracer's API
-        run.assert_within_request()                # every peak <= its memory= (or factor=)
+        run.assert_within_request()                # every peak <= its memory request (or factor=)
         run.assert_stage_peak("inflate", "512 MiB", stat="p95")
         run.assert_no_oom_kill()
         run.stages["inflate"]                      # the measured tasks (TaskMemory)
@@ -60,7 +60,7 @@ STAGE_LIMIT = "stage_memory_limit"
 MARKERS = {
     WITHIN_REQUEST: (
         "memory_within_request(factor=1.0): run the test at tracing level 2 and fail it when "
-        "a task's memory peak exceeds factor x its memory= request, or a task is OOM-killed "
+        "a task's memory peak exceeds factor x its memory request, or a task is OOM-killed "
         "(tracer.testing)"
     ),
     STAGE_LIMIT: (

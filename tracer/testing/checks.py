@@ -86,6 +86,13 @@ def stage_values(run: TracedRun, stage: str) -> list[int]:
     return values
 
 
+#: Where a task's memory request is set: the plugin sees tasks of any runner on tracer's API.
+REQUEST_ARGUMENT = (
+    "the request is Stage(memory_bytes=...) in tracer's runner, memory= in Ray's "
+    ".options() / @ray.remote and in Ray Data's map_batches"
+)
+
+
 # ------------------------------------------------------------------ the checks
 
 
@@ -98,8 +105,8 @@ def check_within_request(run: TracedRun, factor: Any = 1.0, stages: Any = None) 
     if not compared:
         raise TracedMemoryError(
             f"no measured task of stage(s) {', '.join(repr(n) for n in names)} requested "
-            "memory (memory=): there is no request to compare a peak with; request memory, "
-            "or set a budget with assert_stage_peak / stage_memory_limit"
+            f"memory ({REQUEST_ARGUMENT}): there is no request to compare a peak with; "
+            "request memory, or set a budget with assert_stage_peak / stage_memory_limit"
         )
     over = [
         t for t in compared
@@ -233,12 +240,13 @@ def _suggestions(tasks: Sequence[TaskMemory]) -> str:
     if not peaks:
         return ""
     parts = [
-        f"{stage!r}: memory={suggested_request(peak)} ({format_size(suggested_request(peak))})"
+        f"{stage!r}: {suggested_request(peak)} bytes ({format_size(suggested_request(peak))})"
         for stage, peak in peaks.items()
     ]
     return (
         f"\nTo request (largest peak x {DEFAULT_HEADROOM}, rounded up to a MiB): "
         + "; ".join(parts)
+        + f"\n  ({REQUEST_ARGUMENT})"
     )
 
 

@@ -43,7 +43,7 @@ _active: list[TracedMemory] = []
 class TaskMemory:
     """One task attempt of a traced block, with its memory.
 
-    ``requested`` is its ``memory=`` (None: it asked for none); ``peak`` the
+    ``requested`` is its Ray ``memory=`` request (None: it asked for none); ``peak`` the
     measured peak (memray's heap peak at level 2; None: not measured, e.g.
     measurements lost, or killed); ``oom_killed`` with ``killed_at``, the
     worker's memory Ray reported at the kill. ``peak_source`` is ``"heap"``,
@@ -214,8 +214,9 @@ class TracedRun:
     # -------------------------------------------------------------- assertions
 
     def assert_within_request(self, factor: float = 1.0, *, stages: Any = None) -> None:
-        """Every measured task's peak is at most ``factor`` x its ``memory=`` request, and
-        no task was OOM-killed. ``stages``: a name or names to check (default: all).
+        """Every measured task's peak is at most ``factor`` x its memory request (Ray's
+        ``memory=``; ``Stage(memory_bytes=)`` in tracer's runner), and no task was
+        OOM-killed. ``stages``: a name or names to check (default: all).
 
         Tasks that requested no memory are not compared (there is nothing to
         compare with); when no checked task requested any, this raises
