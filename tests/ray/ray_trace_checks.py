@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,20 @@ def split(model: TraceModel) -> RunnerTrace:
     assert loops[0].sibling_order_rank == 0
     counters = {t.name or "": t for t in under if t.kind == "counter"}
     assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= set(counters), counters
+    # Every one ranked (the UI shows an explicitly ordered track's unranked children first,
+    # in the order they were declared), top down: the loop, the run's tasks in flight,
+    # each stage's in stage order, the object store the run holds, what the cluster has left.
+    assert all(t.sibling_order_rank is not None for t in under), under
+    order = [t.name or "" for t in sorted(under, key=lambda t: t.sibling_order_rank or 0)]
+    tail = [n for n in (L.COUNTER_OBJECT_STORE_USED, L.COUNTER_AVAILABLE_CPUS,
+                        L.COUNTER_AVAILABLE_GPUS, L.COUNTER_AVAILABLE_MEMORY,
+                        L.COUNTER_AVAILABLE_OBJECT_STORE) if n in counters]
+    assert order[:2] == [L.DISPATCH_LOOP_THREAD, L.COUNTER_INFLIGHT], order
+    assert order[len(order) - len(tail):] == tail, order
+    per_stage = order[2:len(order) - len(tail)]
+    stage_of = re.compile(re.escape(L.COUNTER_STAGE_INFLIGHT).replace(r"\{stage\}", r"(\d+): .*"))
+    ids = [int(m.group(1)) for m in map(stage_of.fullmatch, per_stage) if m]
+    assert len(ids) == len(per_stage) and ids == sorted(ids), order
 
     assert (tasks_root.kind, tasks_root.name) == ("track", L.TASKS_TRACK)
     lanes = model.children(tasks_root.uuid)

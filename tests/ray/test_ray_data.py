@@ -232,6 +232,8 @@ def test_available_resources_start_at_ray_data_first_known_limits(
     assert first[L.COUNTER_AVAILABLE_OBJECT_STORE].value > 0, first
     stamps = [c.ts for c in first.values()]  # one sample (Ray Data's is every 20 ms)
     assert max(stamps) - min(stamps) < 1_000_000, first
+    # A cluster without GPUs has no GPU counter to show (nothing sampled on it).
+    assert not rt.model.counters_on(rt.counters[L.COUNTER_AVAILABLE_GPUS].uuid)
 
 
 ENV_JOB = r"""

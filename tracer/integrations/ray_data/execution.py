@@ -478,7 +478,8 @@ class ExecutionTracer:
             lim = limit[key]
             left[key] = None if lim is None or used is None else max(lim - used, 0.0)
         tl.sample_available(
-            cpus=left["cpu"], gpus=left["gpu"], memory=left["memory"],
+            # No GPUs in the cluster: no GPU counter (the runner's layout draws none either).
+            cpus=left["cpu"], gpus=left["gpu"] if limit["gpu"] else None, memory=left["memory"],
             object_store_memory=left["object_store_memory"],
         )
 

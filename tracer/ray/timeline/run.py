@@ -77,6 +77,15 @@ CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
 
 _T = TypeVar("_T", bound="TimelineTask")
 
+# The Scheduler's tracks, top down (every one ranked: the UI puts unranked siblings of an
+# explicitly ordered track before the ranked ones, in the order they were declared, so a
+# producer's counters declared on first use came out mixed in with the rest): the loop
+# (0), the run's tasks in flight (1), each stage's, what the run holds of the object
+# store, then what is left of the cluster's resources.
+_RANK_STAGE_INFLIGHT = 2
+_MAX_STAGE_RANK = 100_000
+_RANK_AVAILABLE = 1_000_000
+
 
 class TimelineTask:
     """What the timeline keeps of one task while it is open.
@@ -161,13 +170,14 @@ class RunTimeline:
         self.loop_pid, self.loop_tid = pid, tid
         self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self.scheduler, rank=1)
         self._avail_cpus = w.counter_track(
-            L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler, rank=2
+            L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler, rank=_RANK_AVAILABLE
         )
         self._avail_gpus = w.counter_track(
-            L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler, rank=3
+            L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler, rank=_RANK_AVAILABLE + 1
         )
         self._avail_mem = w.counter_track(
-            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes", rank=4
+            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes",
+            rank=_RANK_AVAILABLE + 2,
         )
         self._tasks_root = w.track(
             L.TASKS_TRACK, parent=self.root, rank=1, merge=False,
@@ -252,8 +262,16 @@ class RunTimeline:
         if track is None:
             stage = self.stages.get(stage_id)
             label = stage.track.name if stage is not None else f"{stage_id}"
+            # After the run's count, in the stages' order (ids are the order for both
+            # producers; any other id in the order of first use).
+            n = len(self._stage_inflight)
+            rank = (
+                _RANK_STAGE_INFLIGHT + stage_id
+                if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
+                else _RANK_STAGE_INFLIGHT + _MAX_STAGE_RANK + n
+            )
             track = self._stage_inflight[stage_id] = self.writer.counter_track(
-                L.COUNTER_STAGE_INFLIGHT.format(stage=label), parent=self.scheduler
+                L.COUNTER_STAGE_INFLIGHT.format(stage=label), parent=self.scheduler, rank=rank
             )
         self.writer.counter(track, count)
 
@@ -282,7 +300,8 @@ class RunTimeline:
             track = self._avail_object_store
             if track is None:
                 track = self._avail_object_store = w.counter_track(
-                    L.COUNTER_AVAILABLE_OBJECT_STORE, parent=self.scheduler, unit="bytes"
+                    L.COUNTER_AVAILABLE_OBJECT_STORE, parent=self.scheduler, unit="bytes",
+                    rank=_RANK_AVAILABLE + 3,
                 )
             w.counter(track, int(object_store_memory))
 
@@ -292,7 +311,8 @@ class RunTimeline:
         track = self._object_store_used
         if track is None:
             track = self._object_store_used = self.writer.counter_track(
-                L.COUNTER_OBJECT_STORE_USED, parent=self.scheduler, unit="bytes"
+                L.COUNTER_OBJECT_STORE_USED, parent=self.scheduler, unit="bytes",
+                rank=_RANK_AVAILABLE - 1,
             )
         self.writer.counter(track, int(nbytes))
 
