@@ -121,9 +121,10 @@ def _nan_free(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_the_command(known: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["memory", str(known), "--suggest"]) == 0
     out = capsys.readouterr().out
-    assert "Suggested memory= per stage: the largest peak x 1.25, rounded up to a MiB" in out
+    assert "Suggested memory request per stage: the largest peak x 1.25, rounded up to a MiB" in out
     assert "a node's memory: 8.0 GiB, the cluster's memory resource over the nodes" in out
-    table = out[out.index("Suggested memory="):]
+    assert "memory= in Ray's .options()" in out and "Stage(memory_bytes=)" in out
+    table = out[out.index("Suggested memory request"):]
     map_row = next(line for line in table.splitlines() if line.split()[:2] == ["0", "map"])
     assert map_row.split()[:15] == [
         "0", "map", "2", "16.0", "MiB", "heap", "4.0", "MiB", "20.0", "MiB", "+16.0", "MiB",

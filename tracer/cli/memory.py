@@ -1,5 +1,5 @@
 """``tracer memory TRACE``: requested vs actual memory per stage and node, and the flagged tasks;
-with ``--suggest``, the ``memory=`` each stage should request."""
+with ``--suggest``, the memory each stage should request."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (bytes) for machines")
     parser.add_argument(
         "--suggest", action="store_true",
-        help="also suggest each stage's memory= request: its largest measured peak x the "
+        help="also suggest each stage's memory request: its largest measured peak x the "
         "headroom, rounded up to a MiB, with how many such tasks fit a node",
     )
     parser.add_argument(
@@ -163,10 +163,14 @@ def _render_suggestions(
         )
     else:
         where = "a node's memory: unknown (--node-memory to set it)"
-    title = f"Suggested memory= per stage: the largest peak x {headroom:g}, rounded up to a MiB"
+    title = (
+        f"Suggested memory request per stage: the largest peak x {headroom:g}, "
+        "rounded up to a MiB"
+    )
     footer = style.dim(
         f"per node: how many such tasks fit one node by memory alone (CPUs may allow fewer); "
-        f"{where}"
+        f"{where}\nset it in bytes: memory= in Ray's .options() or @ray.remote and in Ray "
+        "Data's map_batches, Stage(memory_bytes=) in tracer's runner"
     )
     return render_table(
         title,
