@@ -63,29 +63,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _level(text: str) -> TracingLevel:
-    """--tracing-level, checked before Ray starts: 0/1/2 or off/timeline/memory."""
-    try:
-        return resolve_level(text)
-    except InvalidTracingLevelError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _level_or_environment(
-    parser: argparse.ArgumentParser, given: TracingLevel | None
-) -> TracingLevel:
-    """--tracing-level if given, else $TRACER_ENABLE_RAY_TRACING when set (read by the
-    library's own rule: a bad value is a usage error naming the valid ones), else 1."""
-    if given is not None:
-        return given
-    if not os.environ.get(LEVEL_ENV_VAR, "").strip():
-        return TracingLevel.TIMELINE
-    try:
-        return resolve_level()
-    except InvalidTracingLevelError as exc:
-        parser.error(str(exc))
-
-
 def _no_trace(level: TracingLevel) -> str:
     if level == TracingLevel.OFF:
         return "tracing is off (level 0): no trace written"
@@ -99,7 +76,7 @@ def main() -> None:
         help="how many lines of text, one task per stage each (default %(default)s)",
     )
     parser.add_argument(
-        "--tracing-level", type=_level, default=None,
+        "--tracing-level", default=None, metavar="LEVEL",
         help=f"0 (off), 1 (timeline) or 2 (memory); default: ${LEVEL_ENV_VAR} when set, else 1",
     )
     parser.add_argument(
@@ -107,7 +84,10 @@ def main() -> None:
         help="trace file (default: <Ray session>/logs/tracer/...)",
     )
     args = parser.parse_args()
-    args.tracing_level = _level_or_environment(parser, args.tracing_level)
+    try:  # checked before Ray starts: 0/1/2 or off/timeline/memory
+        args.tracing_level = resolve_level(args.tracing_level, default=TracingLevel.TIMELINE)
+    except InvalidTracingLevelError as exc:
+        parser.error(str(exc))
 
     lines = [
         f"the quick brown fox {i} jumps over the lazy dog the end {'fox ' * (i % 3)}"

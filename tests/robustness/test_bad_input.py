@@ -54,6 +54,23 @@ def test_invalid_tracing_level_in_the_environment(monkeypatch: pytest.MonkeyPatc
         Pipeline([1], [Stage("s", abs)]).run()
 
 
+def test_a_default_level_yields_to_the_environment_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``default=`` is the level when neither the argument nor the environment gives one
+    (the examples trace by default, and still run untraced at TRACER_ENABLE_RAY_TRACING=0);
+    a bad environment value is an error whatever the default."""
+    from tracer.ray import TracingLevel, resolve_level
+
+    monkeypatch.delenv("TRACER_ENABLE_RAY_TRACING", raising=False)
+    assert resolve_level() == TracingLevel.OFF
+    assert resolve_level(default=TracingLevel.TIMELINE) == TracingLevel.TIMELINE
+    assert resolve_level("memory", default=TracingLevel.TIMELINE) == TracingLevel.MEMORY
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "0")
+    assert resolve_level(default=TracingLevel.TIMELINE) == TracingLevel.OFF
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", "yes please")
+    with pytest.raises(InvalidTracingLevelError, match="TRACER_ENABLE_RAY_TRACING"):
+        resolve_level(default=TracingLevel.TIMELINE)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -28,8 +28,15 @@ class TracingLevel(enum.IntEnum):
 _VALID = ", ".join(f"{lvl.value} ({lvl.name.lower()})" for lvl in TracingLevel)
 
 
-def resolve_level(level: int | str | TracingLevel | None = None) -> TracingLevel:
-    """The level to trace at: ``level`` if given, else ``$TRACER_ENABLE_RAY_TRACING``, else 0.
+def resolve_level(
+    level: int | str | TracingLevel | None = None,
+    *,
+    default: TracingLevel = TracingLevel.OFF,
+) -> TracingLevel:
+    """The level to trace at: ``level`` if given, else ``$TRACER_ENABLE_RAY_TRACING``, else
+    ``default`` (off: a library traces only when asked; a tool whose point is its trace,
+    such as the examples, passes ``TracingLevel.TIMELINE`` and still yields to the
+    environment's level).
 
     Accepts ints, digit strings and level names (``"timeline"``); anything else
     raises :class:`~tracer.errors.InvalidTracingLevelError` naming the valid values.
@@ -38,7 +45,7 @@ def resolve_level(level: int | str | TracingLevel | None = None) -> TracingLevel
     if level is None:
         raw = os.environ.get(ENV_VAR, "").strip()
         if not raw:
-            return TracingLevel.OFF
+            return TracingLevel(default)
         level, source = raw, f"${ENV_VAR}"
     if isinstance(level, bool):
         raise InvalidTracingLevelError(f"invalid {source} {level!r}; valid levels: {_VALID}")
