@@ -58,6 +58,7 @@ def test_quickstart_default_trace_path() -> None:
 
 @pytest.mark.parametrize("level", ["1", "0"])
 def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
+    """Also: an explicit --tracing-level wins over the environment's level (here 2)."""
     path = tmp_path / "big.perfetto-trace"
     out = _run(
         "big_task_heap_usage.py",
@@ -67,6 +68,7 @@ def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
         "--deflation-factor", "5",
         "--tracing-level", level,
         "--trace-out", str(path),
+        level_env="2",
     )
     # 3 x 1000 rows of 64 bytes, x10 then /5 (each row cut to 128 bytes).
     assert "0.2 MiB in, 1.8 MiB after inflate (x10), 0.4 MiB after deflate (/5)" in out, out
@@ -75,6 +77,8 @@ def test_big_task_heap_usage(level: str, tmp_path: Path) -> None:
         return
     assert _printed_trace(out) == path
     assert _stage_executions(path) == {"inflate": 3, "deflate": 3}
+    (execution,) = [s for s in read_trace(path).slices if s.name == L.SLICE_EXECUTION]
+    assert execution.args["tracing_level"] == 1
 
 
 @pytest.mark.parametrize(
@@ -99,14 +103,6 @@ def test_the_environments_level_0_is_the_default(
     out = _run(script, *args, out_flag, str(target), level_env="0")
     assert "tracing is off (level 0): no trace written" in out, out
     assert "trace written to" not in out and list(out_dir.iterdir()) == []
-
-
-def test_an_explicit_level_wins_over_the_environments(tmp_path: Path) -> None:
-    path = tmp_path / "t.perfetto-trace"
-    out = _run("quickstart.py", "--num-partitions", "2", "--tracing-level", "1",
-               "--trace-out", str(path), level_env="0")
-    assert _printed_trace(out) == path
-    assert _stage_executions(path) == {"tokenize": 2, "count words": 2, "top word": 2}
 
 
 @pytest.mark.parametrize("script", ["quickstart.py", "big_task_heap_usage.py",
