@@ -72,6 +72,21 @@ def test_a_default_level_yields_to_the_environment_s(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize(
+    ("value", "level"),
+    [("true", 1), ("On", 1), ("yes", 1), ("false", 0), ("no", 0), ("off", 0), ("1", 1)],
+)
+def test_the_level_variable_takes_the_words_of_tracer_s_switches(
+    value: str, level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every other switch of tracer's takes 1/true/yes/on and 0/false/no/off: set that way,
+    the level variable means on (level 1) or off, where it stopped a runner's driver."""
+    from tracer.ray import resolve_level
+
+    monkeypatch.setenv("TRACER_ENABLE_RAY_TRACING", value)
+    assert resolve_level() == level
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [
         (b"", "empty"),

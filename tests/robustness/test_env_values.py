@@ -73,15 +73,16 @@ def test_a_trace_dir_whose_home_cannot_be_found_falls_back_to_the_session_folder
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_bad_level_in_the_workers_environment_never_fails_their_tasks(tmp_path: Path) -> None:
-    """Daft-style tasks measuring themselves, in workers whose environment says ``on``:
-    every task raised InvalidTracingLevelError. Now they run, unmeasured (level off)."""
+    """Daft-style tasks measuring themselves, in workers whose environment says ``loud``
+    (``on`` was the case found; it now means level 1): every task raised
+    InvalidTracingLevelError. Now they run, unmeasured (level off)."""
 
     # Defined here, so that Ray sends it by value to the workers of this runtime env.
     def self_measuring(execution_id: str, task_id: str, x: int) -> tuple[int, bool]:
         with collect_ray_task_metrics(execution_id, task_id, 0) as metrics:
             return x * 2, metrics is None
 
-    env = {"env_vars": {"TRACER_ENABLE_RAY_TRACING": "on"}}
+    env = {"env_vars": {"TRACER_ENABLE_RAY_TRACING": "loud"}}
     task = ray.remote(runtime_env=env)(self_measuring)
     # The driver traces at level 0 (the worker side must not care), then at level 1.
     for level in (0, 1):

@@ -158,7 +158,7 @@ def test_ray_data_example_without_its_extra_says_what_to_install() -> None:
     [
         ("quickstart.py", ["--tracing-level", "3"], "invalid tracing level '3'"),
         ("quickstart.py", ["--num-partitions", "0"], "must be at least 1"),
-        ("big_task_heap_usage.py", ["--tracing-level", "on"], "invalid tracing level 'on'"),
+        ("big_task_heap_usage.py", ["--tracing-level", "loud"], "invalid tracing level 'loud'"),
         ("ray_data_inflate.py", ["--tracing-level", "x"], "invalid tracing level 'x'"),
     ],
 )

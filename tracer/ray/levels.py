@@ -26,6 +26,10 @@ class TracingLevel(enum.IntEnum):
 
 
 _VALID = ", ".join(f"{lvl.value} ({lvl.name.lower()})" for lvl in TracingLevel)
+#: The words every switch of tracer's takes (tracer._env): set as a switch, the level
+#: variable means what a user setting it that way means, on (level 1) or off.
+_SWITCH_WORDS = {"true": TracingLevel.TIMELINE, "yes": TracingLevel.TIMELINE,
+                 "on": TracingLevel.TIMELINE, "false": TracingLevel.OFF, "no": TracingLevel.OFF}
 
 
 def resolve_level(
@@ -38,8 +42,9 @@ def resolve_level(
     such as the examples, passes ``TracingLevel.TIMELINE`` and still yields to the
     environment's level).
 
-    Accepts ints, digit strings and level names (``"timeline"``); anything else
-    raises :class:`~tracer.errors.InvalidTracingLevelError` naming the valid values.
+    Accepts ints, digit strings, level names (``"timeline"``) and the words of tracer's
+    switches (``true``/``yes``/``on``: 1, ``false``/``no``: 0); anything else raises
+    :class:`~tracer.errors.InvalidTracingLevelError` naming the valid values.
     """
     source = "tracing level"
     if level is None:
@@ -63,6 +68,8 @@ def resolve_level(
         for lvl in TracingLevel:
             if lvl.name.lower() == text:
                 return lvl
+        if text in _SWITCH_WORDS:
+            return _SWITCH_WORDS[text]
         _bad(source, level)
     raise InvalidTracingLevelError(f"invalid {source} {level!r}; valid levels: {_VALID}")
 
