@@ -47,6 +47,26 @@ def test_null_blocks_let_exceptions_through_and_can_nest_and_repeat() -> None:
     assert ctx.__exit__(None, None, None) is not True  # never swallows
 
 
+def test_level_0_takes_every_call_level_1_takes() -> None:
+    """A runner's code runs against both: a method or a parameter the level-0 tracer lacks
+    (close(wait=) did) fails only when tracing is off, the default, where nobody looks."""
+    import inspect
+
+    from tracer.ray import RunnerTracer
+
+    for name in dir(RunnerTracer):
+        method = getattr(RunnerTracer, name)
+        if name.startswith("_") or not callable(method):
+            continue
+        null = getattr(NullRunnerTracer, name, None)
+        assert null is not None, name
+        ours = inspect.signature(method).parameters
+        theirs = inspect.signature(null).parameters
+        assert [(p.name, p.kind) for p in ours.values()] == [
+            (p.name, p.kind) for p in theirs.values()], name
+    NullRunnerTracer().close(None, wait=True)
+
+
 def test_task_context_for_another_task_keeps_the_execution_settings() -> None:
     ctx = TaskContext("exec-1", "2-17", 2, 2, True, True, False)
     other = ctx.for_task("3-1")

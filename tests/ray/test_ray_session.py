@@ -159,6 +159,20 @@ def test_a_tracer_opened_before_ray_init_says_so_and_writes_where_it_says(
     assert load(path).slices[0].name == L.SLICE_EXECUTION
 
 
+def test_an_execution_id_that_is_not_a_string_is_its_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner numbering its executions passes an int: it raised at level 1 (the default
+    path is made from it), and only there."""
+    monkeypatch.setenv("TRACER_TRACE_DIR", str(tmp_path))
+    for given, name in ((42, "42"), (0, "0")):
+        with ray_tracer(given, runner_name="counted", level=1) as tracer:  # type: ignore[arg-type]
+            assert tracer.execution_id == name
+        path = Path(tracer.trace_path)
+        assert path.parent == tmp_path and path.name.startswith(f"counted.{name}.")
+        assert load(path).slices[0].args["execution_id"] == name
+
+
 def test_ray_tracer_yields_a_runner_tracer(tmp_path: Path) -> None:
     path = tmp_path / "direct.perfetto-trace"
     with ray_tracer("direct", level="timeline", path=path) as tracer:

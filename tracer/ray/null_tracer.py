@@ -179,5 +179,5 @@ class NullRunnerTracer:
     def flush(self) -> None:
         pass
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None, *, wait: bool | None = None) -> None:
         pass

@@ -68,7 +68,9 @@ def ray_tracer(
     from tracer.ray.output import default_trace_path, open_trace
     from tracer.ray.runner_tracer import RunnerTracer
 
-    execution_id = execution_id or new_execution_id()
+    # An id that is not a string (a runner's int counter) is used as its text: it names
+    # the trace's file and the run, where it raised in the default path's making.
+    execution_id = new_execution_id() if execution_id in (None, "") else str(execution_id)
     trace_path = Path(path) if path is not None else default_trace_path(runner_name, execution_id)
     writer: TraceWriter | None = None
     actor = None
