@@ -189,3 +189,15 @@ def test_invalid_stages() -> None:
         Stage("x", 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_cpus"):
         Stage("x", _square, num_cpus=-1)
+    # Wrong types are said as such, not as a failed comparison deep in a module (a
+    # memory size written as text), nor left to Ray's "keyword 'name' must be str" at run time.
+    with pytest.raises(TypeError, match=r"memory_bytes must be a number or None, got '1 GiB' "
+                                        r"\(in bytes\)"):
+        Stage("x", _square, memory_bytes="1 GiB")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="num_cpus must be a number or None, got '2'"):
+        Stage("x", _square, num_cpus="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name must be a string, got 3"):
+        Stage(3, _square)  # type: ignore[arg-type]
+    import numpy as np
+
+    assert Stage("x", _square, num_cpus=np.float32(0.5), memory_bytes=np.int64(1 << 20))

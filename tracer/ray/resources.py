@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 
@@ -22,7 +23,15 @@ class ResourceRequest:
     def __post_init__(self) -> None:
         for name in ("num_cpus", "num_gpus", "memory_bytes"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value < 0):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Real)):
+                # A string ("1 GiB") failed below as "'<' not supported between str and int".
+                raise TypeError(
+                    f"ResourceRequest.{name} must be a number or None, got {value!r}"
+                    + (" (in bytes)" if name == "memory_bytes" else "")
+                )
+            if value < 0:
                 raise ValueError(f"ResourceRequest.{name} must be >= 0 or None, got {value!r}")
 
     def ray_options(self) -> dict[str, Any]:

@@ -65,6 +65,8 @@ class Stage:
             object.__setattr__(self, "retry_exceptions", tuple(self.retry_exceptions))
         if not callable(self.fn):
             raise TypeError(f"stage {self.name!r}: fn must be callable, got {self.fn!r}")
+        if not isinstance(self.name, str):  # Ray takes only a string as a task's name
+            raise TypeError(f"a stage's name must be a string, got {self.name!r}")
         if not self.name:
             raise ValueError("a stage needs a name")
         # Validated, and built once: the dispatch loop hands it to the tracer for every task.
