@@ -234,45 +234,140 @@ def count_up(n: int) -> Any:
         yield i
 
 
-def _generated(kind: str, ref: Any) -> list[int]:
-    if kind == "dynamic":  # one ref to a generator of refs
-        return [ray.get(r) for r in ray.get(ref)]
-    return [ray.get(r) for r in ref]  # streaming: an ObjectRefGenerator
+@ray.remote(num_returns=2)
+def count_up_two(n: int) -> Any:
+    for i in range(n):  # noqa: UP028
+        yield i
 
 
-@pytest.mark.parametrize("level", [0, 1])
-def test_generator_tasks_stream_as_they_would_untraced(level: int, tmp_path: Path) -> None:
-    """Ray streams a generator's values: there is no last return value for the
-    measurements to ride on, so such a task runs untraced inside (it used to fail
-    with "cannot pickle 'generator' object", or at ``remote()`` on
-    ``num_returns="streaming"``), and shows in the trace from the driver's side."""
-    import warnings
+@ray.remote
+def count_up_measured(execution_id: str, task_id: str, n: int) -> Any:
+    """A generator that measures itself: its measurements reach a metrics actor."""
+    with collect_ray_task_metrics(execution_id, task_id, 0, level=1):
+        for i in range(n):  # noqa: UP028
+            yield i
 
+
+@ray.remote
+class _Counter:
+    def count(self, n: int) -> Any:
+        for i in range(n):  # noqa: UP028
+            yield i
+
+
+@ray.remote
+class _AsyncCounter:
+    async def count(self, n: int) -> Any:
+        for i in range(n):
+            yield i
+
+
+#: task id: (what to call, the num_returns given in ``.options()`` or "" for none, n).
+#: Every form of num_returns on a generator: the default (streaming), an int (Ray
+#: runs the generator and its first values are the returns: 1 gives the first value
+#: alone, too few values is Ray's error), "streaming", "dynamic"; set in
+#: ``@ray.remote`` or in ``.options()``; and actors' generator methods, sync and async.
+_GENERATOR_CASES: dict[str, tuple[str, Any, int]] = {
+    "default": ("count_up", "", 3),
+    "one": ("count_up", 1, 3),
+    "three": ("count_up", 3, 3),
+    "too-few": ("count_up", 4, 3),
+    "streaming": ("count_up", "streaming", 3),
+    "dynamic": ("count_up", "dynamic", 3),
+    "decorator-two": ("count_up_two", "", 2),
+    "decorator-two-too-few": ("count_up_two", "", 1),
+    "decorator-then-one": ("count_up_two", 1, 2),
+    "decorator-then-streaming": ("count_up_two", "streaming", 2),
+    "actor-default": ("counter", "", 3),
+    "actor-two": ("counter", 2, 2),
+    "async-actor-default": ("async_counter", "", 3),
+    "async-actor-two": ("async_counter", 2, 2),
+}
+
+
+def _outcome(kind: Any, call: Callable[[], Any]) -> Any:
+    """What the caller gets, materialised: the values, or Ray's error in words."""
+    try:
+        ref = call()
+        if kind == "dynamic":  # one ref to a generator of refs
+            return [ray.get(r) for r in ray.get(ref)]
+        if isinstance(ref, ray.ObjectRefGenerator):  # streaming
+            return [ray.get(r) for r in ref]
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        return f"{type(exc.cause).__name__}: {exc.cause}"
+
+
+@pytest.mark.filterwarnings("ignore")  # Ray deprecates "dynamic"
+@pytest.mark.parametrize(
+    ("level", "channel"),
+    [(0, "returns"), (1, "returns"), (2, "returns"), (1, "ray_events"), (1, "metrics_actor")],
+)
+def test_generator_tasks_run_as_they_would_untraced(
+    level: int, channel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generator's values are Ray's to take (streamed, or run for an int num_returns):
+    there is no last return value for the measurements to ride on, so such a task
+    runs untraced inside, and shows in the trace from the driver's side. It used to
+    fail with "cannot pickle 'generator' object" (no num_returns, or 1), "object of
+    type 'generator' has no len()" (an int num_returns above 1), or at ``remote()``
+    on ``num_returns="streaming"``. With a metrics actor, a task not measured by the
+    wrapper is one that may measure itself (the Daft pattern): a generator that does
+    is drawn from the actor's report, the others' measurements are counted lost."""
     from tracer.format import read_trace
 
+    monkeypatch.setenv("TRACER_EXECUTIONS", "ray_events" if channel == "ray_events" else "returns")
+    functions = {
+        "count_up": count_up, "count_up_two": count_up_two,
+        "counter": _Counter.remote().count, "async_counter": _AsyncCounter.remote().count,
+    }
+
+    def untraced(name: str, num_returns: Any, n: int) -> Any:
+        fn = functions[name]
+        return (fn.options(num_returns=num_returns) if num_returns != "" else fn).remote(n)
+
+    expected = {
+        task_id: _outcome(case[1], lambda c=case: untraced(*c))
+        for task_id, case in _GENERATOR_CASES.items()
+    }
+    assert expected["one"] == 0 and expected["three"] == [0, 1, 2]  # Ray's, for the record
+    assert expected["too-few"] == "ValueError: Task returned 3 objects, but num_returns=4."
     path = tmp_path / "generators.perfetto-trace"
-    cases = {"g0": None, "g1": "streaming", "g2": "dynamic"}
     outputs = {}
-    with ray_tracer("generators", level=level, path=path) as tracer, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Ray deprecates "dynamic"
-        for task_id, num_returns in cases.items():
-            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "count")
-            fn = RayFunctionWrapper.wrap(count_up)
-            if num_returns is not None:
+    with ray_tracer(
+        "generators", level=level, path=path, metrics_actor=channel == "metrics_actor"
+    ) as tracer:
+        for task_id, (name, num_returns, n) in _GENERATOR_CASES.items():
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), name)
+            fn = RayFunctionWrapper.wrap(functions[name])
+            if num_returns != "":
                 fn = fn.options(num_returns=num_returns)
-            ref = fn.with_tracing(tracer, task_id).remote(3)
-            outputs[task_id] = _generated(num_returns or "streaming", ref)
+            traced = fn.with_tracing(tracer, task_id)
+            outputs[task_id] = _outcome(num_returns, lambda t=traced, n=n: t.remote(n))
             tracer.tasks_received_as_ready([task_id])
+        if channel == "metrics_actor":
+            tracer.task_created("measured", 0, ResourceRequest(num_cpus=1), "count_up_measured")
+            measured = RayFunctionWrapper.wrap(count_up_measured).with_tracing(tracer, "measured")
+            assert [ray.get(r) for r in measured.remote(tracer.execution_id, "measured", 3)] == [
+                0, 1, 2,
+            ]
+            tracer.tasks_received_as_ready(["measured"])
         tracer.stage_done(0)
-    assert outputs == {task_id: [0, 1, 2] for task_id in cases}
+    assert outputs == expected
     if level:
         model = read_trace(path, strict=True)
         tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
-        assert sorted(s.args[L.ARG_TASK_ID] for s in tasks) == sorted(cases)
+        measured_ids = ["measured"] if channel == "metrics_actor" else []
+        assert sorted(s.args[L.ARG_TASK_ID] for s in tasks) == sorted(
+            [*_GENERATOR_CASES, *measured_ids]
+        )
         assert all(L.ARG_STATUS not in s.args for s in tasks)
-        assert not [s for s in model.slices if s.category == L.CAT_EXECUTION]
+        executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+        assert [s.args[L.ARG_TASK_ID] for s in executions] == measured_ids
         (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION]
-        assert run.args[L.ARG_LOST_MEASUREMENTS] == 0  # none was expected
+        # Without an actor none is expected; with one, each that did not measure itself.
+        lost = len(_GENERATOR_CASES) if channel == "metrics_actor" else 0
+        assert run.args[L.ARG_LOST_MEASUREMENTS] == lost
 
 
 @ray.remote

@@ -226,21 +226,24 @@ def _with_options(f: Any, options: dict[str, Any]) -> Any:
 
 def _fixed_num_returns(f: Any, options: dict[str, Any]) -> int | None:
     """How many values a call of ``f`` returns, or None when the measurements cannot
-    ride along as one more: a generator (Ray streams its values, as it does for
-    ``num_returns="streaming"`` or ``"dynamic"``), no return values at all, or
-    not a remote function (an actor's method: its code is the actor's, which
-    tracer does not wrap). Such a call runs as it is, untraced inside; the
-    driver's slices still show it.
+    ride along as one more: a generator function whatever its ``num_returns``
+    (Ray takes its values itself: it streams them by default, as for
+    ``"streaming"`` or ``"dynamic"``, and with an int it runs the generator and
+    stores its first values, checking there are enough; a wrapper's body would
+    end before the generator ran, and have one plain value to return), no return
+    values at all, or not a remote function (an actor's method: its code is the
+    actor's, which tracer does not wrap). Such a call runs as it is, untraced
+    inside; the driver's slices still show it.
     """
     fn = getattr(f, "_function", None)
     if fn is None:  # not a remote function: an actor's method, say (its body is the actor's)
+        return None
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         return None
     value = options.get("num_returns")
     if value is None:
         value = (getattr(f, "_default_options", {}) or {}).get("num_returns")
     if value is None:
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            return None
         return 1
     if value.__class__ is not int or value < 1:
         return None
