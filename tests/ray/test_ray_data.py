@@ -537,12 +537,21 @@ def test_level_2_sees_the_arrow_buffers_a_task_holds(tmp_path: Path) -> None:
     """Arrow's default pool (mimalloc) hands out buffers inside one 1 GiB reservation:
     memray saw none of them (a peak of ~0 here), and charged the reservation to the task
     that made its worker's first Arrow allocation (a peak of 1 GiB, on Ray 2.55). At
-    level 2 a worker's Arrow allocates with malloc, which memray sees buffer by buffer."""
-    traced_data.enable(level=2, path=tmp_path)
-    rows = ray.data.range(4, override_num_blocks=2).map_batches(
-        holds_arrow, batch_format="pyarrow").take_all()
+    level 2 a worker's Arrow allocates with malloc, which memray sees buffer by buffer.
+
+    Run the way a memory-budget test runs it: enable() without a level, inside a measured
+    block (tracer.testing), is at the block's level 2 (it was at 1, the old default, and the
+    block failed saying the code's explicit level won)."""
+    from tracer.testing import TracedMemory
+
+    with TracedMemory(tmp_path / "blocks") as run:
+        traced_data.enable()
+        rows = ray.data.range(4, override_num_blocks=2).map_batches(
+            holds_arrow, batch_format="pyarrow").take_all()
     assert {r["pool"] for r in rows} == {"system"}
-    model, _ = load_data_trace(only_trace(tmp_path))
+    (stage,) = [name for name in run.stages if "holds_arrow" in name]
+    assert len(run.stages[stage]) == 2 and all(t.peak >= ARROW_HELD for t in run.stages[stage])
+    model, _ = load_data_trace(only_trace(run.folder))
     held = [e for e in executions(model) if "holds_arrow" in e.name]
     assert len(held) == 2
     for e in held:

@@ -100,13 +100,16 @@ def settings(context: Any) -> Settings:
 
 
 def enable(
-    level: int | str | TracingLevel = TracingLevel.TIMELINE,
+    level: int | str | TracingLevel | None = None,
     path: str | os.PathLike[str] | None = None,
 ) -> bool:
     """Trace every Ray Data execution of the current ``DataContext`` from now on.
 
     ``level``: 1 (timeline) or 2 (plus memray in every map task); 0 turns
-    tracing off (:func:`disable`). ``path``: the folder the traces go to (one
+    tracing off (:func:`disable`). Not given: ``$TRACER_ENABLE_RAY_TRACING``
+    when set, else 1 (so that a harness that sets the variable, such as
+    :mod:`tracer.testing`'s measured blocks at level 2, or a job's ``=0``,
+    decides for code that calls ``enable()``). ``path``: the folder the traces go to (one
     file per execution, created as needed), by default the Ray session's
     ``logs/tracer``. A bad level raises
     :class:`~tracer.errors.InvalidTracingLevelError`; a path that is an
@@ -115,7 +118,7 @@ def enable(
     Call it before creating the datasets to trace (a dataset keeps a copy of
     the context it was created in).
     """
-    lvl = resolve_level(level)
+    lvl = resolve_level(level, default=TracingLevel.TIMELINE)
     if path is not None and Path(path).is_file():
         raise ValueError(
             f"path= is the folder for Ray Data traces (one per execution), not a file: {path}"
