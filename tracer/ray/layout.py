@@ -194,6 +194,12 @@ ARG_RAY_ATTEMPTS = "ray_attempts"
 ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
 #: On the execution slice (END, at close): tasks whose measurements were lost.
 ARG_LOST_MEASUREMENTS = "lost_measurements"
+#: On a task slice (END), ``true``: the runner reported the task received
+#: (``task_received_as_ready``) before it had finished. The slice ends where it
+#: was received; the tracer did not wait for the task (one warning per run) and
+#: drew its execution once it finished, so the execution ends after the slice
+#: (or, not finished by the close, a ``task measurements lost`` instant says so).
+ARG_RECEIVED_UNFINISHED = "received_unfinished"
 #: On a task slice (END), what the task read and wrote, where the engine counts
 #: it (Ray Data): blocks, rows and bytes in and out.
 ARG_BLOCKS_IN = "blocks_in"

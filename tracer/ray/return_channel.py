@@ -5,14 +5,18 @@ measurements as one extra, small return value (see
 :mod:`tracer.ray.task_metrics` for why). The runner tracer reads them when
 the runner receives the task: many at a time with one ``ray.get`` (Ray has
 already inlined these small values into the driver, so no data moves), once
-per batch of received tasks. What that read could not get is kept
-(:attr:`ReturnChannel.pending`) and read again at the end of the wave; a
-task's failure carries them in its error instead; a cancelled task's come
-back only if it was running and stopped gracefully (polled, never waited
-for, until the close).
+per batch of received tasks. That read waits for nothing (``timeout=0``): a
+task the runner reported received before it finished (its measurements are
+not there yet) is not waited for but kept (:attr:`ReturnChannel.unfinished`,
+one warning per execution), its task slice ending where it was received and
+marked ``received_unfinished``, and its execution is drawn once it finished
+(polled at wave ends and flushes; the close waits for it, bounded). A task's
+failure carries its measurements in its error instead; a cancelled task's
+come back only if it was running and stopped gracefully (polled, never
+waited for, until the close).
 
-Every wait has a timeout: measurements that do not come are recorded as
-lost, never waited for by the run.
+Only the close waits, and for a bounded time: measurements that do not come
+are recorded as lost, never waited for by the run.
 
 Level 1 may instead take its executions from Ray's own task events
 (``TRACER_EXECUTIONS=ray_events``: :mod:`tracer.ray.timeline.awaited`,
@@ -29,6 +33,7 @@ figures and failed attempts' measurements come only this way.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -42,13 +47,18 @@ from tracer.ray.timeline import RunTimeline
 
 __all__ = ["ReturnChannel", "measured_itself", "ray_task_id"]
 
-#: Measurements of received tasks are small values already in the driver (~ms).
+logger = logging.getLogger("tracer")
+
+#: Measurements of received tasks are small values already in the driver (~ms):
+#: the most a read of ready ones may take, and what the close waits for the rest.
 METRICS_TIMEOUT_S = 10.0
 #: How long a failed task's measurements return is waited for, to be read
 #: once (see ReturnChannel.drop): it arrives with the task's result.
 _DROP_WAIT_S = 0.5
 #: Measurements that could not be read with their batch, drained when this many wait.
 _MAX_PENDING = 512
+#: What a read gives for a ref whose task has not finished (see _get_ready).
+_NOT_READY = object()
 
 #: Where a cancelled task that was running stopped: (track, ts, mark args).
 CancelMark = tuple[Track, int, dict[str, Any]]
@@ -61,27 +71,33 @@ class ReturnChannel:
         self.timeline = timeline
         #: Received tasks whose measurements their batch could not read.
         self.pending: list[RunnerTask] = []
+        #: Received tasks that had not finished when their measurements were read (the
+        #: runner reported them too early), with their ref: read once they are there.
+        self.unfinished: list[tuple[RunnerTask, Any]] = []
         #: Cancelled tasks whose measurements may still come back, with their ref.
         self.cancelled: list[tuple[RunnerTask, Any]] = []
+        #: Set by the close: from then on :meth:`drain` waits (bounded) for what is unfinished.
+        self.closing = False
+        self._warned = False  # about a task received unfinished: once per execution
 
     def fetch(self, tasks: list[RunnerTask]) -> dict[str, BaseException]:
         """One round trip for many measurements; sets ``task.metrics``, returns the errors.
 
-        Ray shut down: nothing is asked (it would start a new cluster); the
-        tasks stay unmeasured, and :meth:`drain` records them as lost.
+        Nothing is waited for: a task whose measurements are not there yet has
+        not finished (the runner reported it received too early); it moves to
+        :attr:`unfinished` (its ``metrics_ref`` there, None on the task). Ray
+        shut down: nothing is asked (it would start a new cluster); the tasks
+        stay unmeasured, and :meth:`drain` records them as lost.
         """
         if not ray_connected():
             return {}
         import ray
 
         refs = [t.metrics_ref for t in tasks]
-        values: list[Any]
         try:
-            values = ray.get(refs, timeout=METRICS_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            return {}  # left for the wave's drain
-        except Exception:  # at least one failed: sort them out one by one (rare)
-            values = _get_each(refs)
+            values = ray.get(refs, timeout=0)  # all there: the normal case, one round trip
+        except Exception:  # one not there yet, or one failed: sort them out (rare)
+            return self._fetch_each(tasks, refs)
         errors: dict[str, BaseException] = {}
         for task, value in zip(tasks, values, strict=True):
             if isinstance(value, BaseException):
@@ -90,52 +106,100 @@ class ReturnChannel:
                 task.metrics = unpack_metrics(value)
         return errors
 
+    def _fetch_each(self, tasks: list[RunnerTask], refs: list[Any]) -> dict[str, BaseException]:
+        """:meth:`fetch` of a batch one of whose measurements failed or is not there yet."""
+        errors: dict[str, BaseException] = {}
+        for task, value in zip(tasks, _get_ready(refs), strict=True):
+            if value is _NOT_READY:
+                self._keep_unfinished(task)
+            elif isinstance(value, BaseException):
+                errors[task.task_id] = value
+            else:
+                task.metrics = unpack_metrics(value)
+        return errors
+
+    def _keep_unfinished(self, task: RunnerTask) -> None:
+        """A received task that has not finished: read once it has (warned once)."""
+        self.unfinished.append((task, task.metrics_ref))
+        task.metrics_ref = None
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "tracer: task %s of execution %s was reported received (task_received_as_ready) "
+            "before it finished; the tracer does not wait for it: its task slice ends where it "
+            "was received, marked %s, and its execution is drawn once it has finished. "
+            "Further such tasks of this execution are not warned about.",
+            task.task_id, self.timeline.execution_id, L.ARG_RECEIVED_UNFINISHED,
+        )
+
     def queue(self, task: RunnerTask) -> bool:
         """Keep a received task's measurements for :meth:`drain`; True when it is time to."""
         self.pending.append(task)
         return len(self.pending) >= _MAX_PENDING
 
     def drain(self) -> None:
-        """Read what the batches could not (waiting up to the timeout); write or lose each."""
-        pending, self.pending = self.pending, []
-        if not pending:
+        """Read what the batches could not, and what is there now of the unfinished; write
+        each. Waits only once :attr:`closing` (up to ``METRICS_TIMEOUT_S``): what is not
+        there is kept in :attr:`unfinished` (at the close, for :meth:`lose_pending`)."""
+        for task in self.pending:
+            self.unfinished.append((task, task.metrics_ref))
+            task.metrics_ref = None
+        self.pending.clear()
+        self.poll_unfinished(METRICS_TIMEOUT_S if self.closing else 0)
+
+    def poll_unfinished(self, timeout: float = 0) -> None:
+        """Write the executions of the :attr:`unfinished` tasks whose measurements are
+        there (waiting up to ``timeout``); keep the others. One ``ray.wait`` for all."""
+        waiting, self.unfinished = self.unfinished, []
+        if not waiting:
             return
         timeline = self.timeline
         if not ray_connected():
-            for task in pending:
+            for task, _ in waiting:
                 timeline.lost(task.task_id, RAY_SHUT_DOWN)
             return
         import ray
 
-        refs = [t.metrics_ref for t in pending]
+        refs = [ref for _, ref in waiting]
         try:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=METRICS_TIMEOUT_S)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
         except Exception:
-            ready = []
-        ready_set = set(ready)
-        for task in pending:
-            if task.metrics_ref not in ready_set:
-                timeline.lost(task.task_id, "measurements did not arrive in time")
-                continue
-            try:
-                metrics = unpack_metrics(ray.get(task.metrics_ref, timeout=METRICS_TIMEOUT_S))
-            except Exception as exc:  # the task failed: its error carries them
-                metrics = metrics_from_error(exc)
-                if metrics is None:
-                    timeline.lost(task.task_id, f"{type(exc).__name__}")
-                    continue
-                if not measured_itself(metrics, task.task_id, task.metrics_ref):
-                    continue  # never ran: an upstream task failed (these are its measurements)
+            ready = []  # Ray cannot tell now: asked again later (at the close: lost)
+        done = set(ready)
+        for task, ref in waiting:
+            if ref in done:
+                self._write(task, ref)
+            else:
+                self.unfinished.append((task, ref))
+
+    def _write(self, task: RunnerTask, ref: Any) -> None:
+        """The execution of a received task whose measurements ``ref`` is ready, or its loss."""
+        import ray
+
+        timeline = self.timeline
+        try:
+            metrics = unpack_metrics(ray.get(ref, timeout=METRICS_TIMEOUT_S))
+        except Exception as exc:  # the task failed: its error carries them
+            metrics = metrics_from_error(exc)
             if metrics is None:
-                timeline.lost(task.task_id, "measurements unreadable")
-                continue
-            timeline.execution(metrics, task)
+                timeline.lost(task.task_id, f"{type(exc).__name__}")
+                return
+            if not measured_itself(metrics, task.task_id, ref):
+                return  # never ran: an upstream task failed (these are its measurements)
+        if metrics is None:
+            timeline.lost(task.task_id, "measurements unreadable")
+            return
+        timeline.execution(metrics, task)
 
     def lose_pending(self, why: str) -> None:
-        """At the close: what is still pending never arrived."""
+        """At the close: what is still pending never arrived; what is unfinished, never finished."""
         for task in self.pending:
             self.timeline.lost(task.task_id, why)
         self.pending.clear()
+        for task, _ in self.unfinished:
+            self.timeline.lost(task.task_id, "the task had not finished by the close")
+        self.unfinished.clear()
 
     @staticmethod
     def drop(task: RunnerTask) -> None:
@@ -230,24 +294,27 @@ def measured_itself(metrics: Metrics, task_id: str, ref: Any) -> bool:
     return not own or own == ray_id
 
 
-def _get_each(refs: list[Any]) -> list[Any]:
-    """Each ref's value, its error, or None if not ready within the timeout (one wait in all)."""
+def _get_ready(refs: list[Any]) -> list[Any]:
+    """Each ref's value, its error, or ``_NOT_READY`` if its task has not finished: one
+    ``ray.wait`` that waits for nothing, then one ``ray.get`` of the ready ones (one by one
+    if one of them failed). Ray unable to tell: None for each (unreadable, for now)."""
     import ray
 
     try:
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=METRICS_TIMEOUT_S)
+        # Ready: its task finished (a value not in this node yet is read, not waited for).
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
     except Exception:
-        ready = []
-    done = set(ready)
-    values: list[Any] = []
-    for ref in refs:
-        if ref not in done:
-            values.append(None)
-            continue
+        return [None] * len(refs)
+    got: dict[Any, Any] = {}
+    if ready:
         try:
-            values.append(ray.get(ref, timeout=METRICS_TIMEOUT_S))  # ready: returns at once
-        except ray.exceptions.GetTimeoutError:
-            values.append(None)
-        except Exception as exc:
-            values.append(exc)
-    return values
+            got = dict(zip(ready, ray.get(ready, timeout=METRICS_TIMEOUT_S), strict=True))
+        except Exception:  # one failed
+            for ref in ready:
+                try:
+                    got[ref] = ray.get(ref, timeout=METRICS_TIMEOUT_S)  # ready: at once
+                except ray.exceptions.GetTimeoutError:
+                    pass
+                except Exception as exc:
+                    got[ref] = exc
+    return [got.get(ref, _NOT_READY) for ref in refs]

@@ -20,6 +20,13 @@ there, not here). Where things live:
   executions are drawn once Ray's events bring them);
 * what a failure was, and the attempts Ray made: :mod:`tracer.ray.failures`.
 
+**Tasks reported before they finished.** A runner that calls
+:meth:`~RunnerTracer.task_received_as_ready` for a task still running is not
+waited for: reads of measurements wait for nothing (but at the close), the
+task's slice ends where it was received (``received_unfinished``), one
+warning per execution says so, and its execution is drawn once it finished
+(at a wave's end or a flush), its stage's slice then.
+
 **Lost measurements.** Every wait on Ray has a timeout. Measurements that do
 not arrive are recorded as lost (an instant per task, and a count on the
 execution slice); a metrics actor that stops answering is called no more
@@ -74,6 +81,8 @@ _SETTLE_INTERVAL_NS = 50_000_000
 #: batches this big, or this often: a ray.get costs ~100 µs whatever its size.
 _FETCH_BATCH = 64
 _FETCH_INTERVAL_NS = 200_000_000
+#: The end of a task slice the runner received before the task finished.
+_RECEIVED_UNFINISHED = {L.ARG_RECEIVED_UNFINISHED: True}
 
 
 class RunnerTracer(LifecycleCalls, LoopCalls):
@@ -127,6 +136,8 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         # Failures found when completing received tasks, until a call returns them.
         self._unreported: dict[str, BaseException] = {}
         self._returns = ReturnChannel(timeline)
+        # Stages done whose slices wait for executions of tasks received unfinished.
+        self._stages_waiting: set[Any] = set()
         self._failures = Failures(timeline, self._finish_task, self._in_flight)
         # The execution has (or had) a metrics actor: its channel, also once it is gone.
         self._actor = (
@@ -159,7 +170,10 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         if self._received and now - self._last_fetch >= _FETCH_INTERVAL_NS:
             self._complete_received()
             now = self.writer.now()
-        if self._returns.pending or (self._actor is not None and self._actor.alive):
+        returns = self._returns
+        if returns.pending or returns.unfinished or (
+            self._actor is not None and self._actor.alive
+        ):
             self._drain_metrics()
         if self._returns.cancelled:
             self._poll_cancelled(0)
@@ -363,7 +377,9 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
             return
         self._completing = tasks  # still findable by Failures.measured_task while written
         fetch = [t for t in tasks if t.metrics_ref is not None and t.metrics is None]
-        errors = self._returns.fetch(fetch) if fetch else {}
+        returns = self._returns
+        unfinished = len(returns.unfinished)
+        errors = returns.fetch(fetch) if fetch else {}
         if self._actor is not None and self._actor.alive and (
             errors or any(t.metrics is not None and t.metrics.get("attempt") for t in fetch)
         ):
@@ -371,12 +387,22 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
             # for it, if it is still starting: then this waits for it).
             self._actor.drain(wait=True)
         with self._timeline.late_batch():  # their slices end, and they ran, in the past
-            for task in tasks:
-                error = errors.get(task.task_id)
-                if error is None:
-                    self._finish_task(task, task.received_ts, None)
-                else:
-                    self._record_failure(task.task_id, error, task.received_ts, task)
+            if len(returns.unfinished) > unfinished:  # some not finished yet (rare)
+                early = {t.task_id for t, _ in returns.unfinished[unfinished:]}
+                for task in tasks:
+                    error = errors.get(task.task_id)
+                    if error is None:
+                        args = _RECEIVED_UNFINISHED if task.task_id in early else None
+                        self._finish_task(task, task.received_ts, args)
+                    else:
+                        self._record_failure(task.task_id, error, task.received_ts, task)
+            else:
+                for task in tasks:
+                    error = errors.get(task.task_id)
+                    if error is None:
+                        self._finish_task(task, task.received_ts, None)
+                    else:
+                        self._record_failure(task.task_id, error, task.received_ts, task)
         self._completing = []
         self._unreported.update(errors)
 
@@ -475,26 +501,66 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
             self._complete_received()
         if stage.outstanding:
             return
-        if any(t.stage_id == stage_id for t in self._returns.pending):
+        returns = self._returns
+        if any(t.stage_id == stage_id for t in returns.pending) or any(
+            t.stage_id == stage_id for t, _ in returns.unfinished
+        ):
             self._drain_metrics()  # its memory summary needs their measurements
+        if any(t.stage_id == stage_id for t, _ in returns.unfinished):
+            self._stages_waiting.add(stage_id)  # written once they are in (or at the close)
+            return
         self._timeline.stage_done(stage_id)
 
     # ---------------------------------------------------------- measurements
 
     def _drain_metrics(self) -> None:
         """Fetch measurements of received tasks (return channel) and of the actor channel."""
-        if not self._returns.pending and self._actor is None:
+        returns = self._returns
+        if not returns.pending and not returns.unfinished and self._actor is None:
             return  # the common case, once per wave: nothing waits
         with self._timeline.late_batch():
-            self._returns.drain()
+            returns.drain()
             if self._actor is not None:
                 self._actor.drain()
+        if self._stages_waiting:
+            self._write_waiting_stages()
+
+    def flush(self) -> None:
+        """Write everything buffered to the file (see :meth:`LifecycleCalls.flush`), with
+        the executions of tasks received unfinished that have finished since."""
+        if self._returns.unfinished:
+            self._poll_unfinished()
+        super().flush()
+
+    @guarded
+    def _poll_unfinished(self) -> None:
+        """Executions of tasks received unfinished that have finished since (no waiting)."""
+        if self._closed or self._returns.closing:
+            return
+        with self._timeline.late_batch():
+            self._returns.poll_unfinished()
+        if self._stages_waiting:
+            self._write_waiting_stages()
+
+    def _write_waiting_stages(self) -> None:
+        """The slices of stages done whose tasks received unfinished are all drawn now."""
+        waiting = {t.stage_id for t, _ in self._returns.unfinished}
+        for stage_id in [s for s in self._stages_waiting if s not in waiting]:
+            self._stages_waiting.discard(stage_id)
+            self._timeline.stage_done(stage_id)
+
+    def _close(self, error: BaseException | None) -> int:
+        """The close (see :meth:`LifecycleCalls._close`): from now on, measurements of tasks
+        received unfinished are waited for, up to the return channel's timeout."""
+        self._returns.closing = True
+        return super()._close(error)
 
     def _memory_watermark(self) -> int:
         """No execution still to come can start before this: the earliest dispatch in flight."""
         now = self.writer.now()
         dispatched = [t.dispatch_ts for t in self._tasks.values() if t.dispatch_ts is not None]
         dispatched.extend(t.dispatch_ts for t in self._returns.pending if t.dispatch_ts)
+        dispatched.extend(t.dispatch_ts for t, _ in self._returns.unfinished if t.dispatch_ts)
         dispatched.extend(t.dispatch_ts for t in self._received if t.dispatch_ts)
         dispatched.extend(t.dispatch_ts for t, _ in self._returns.cancelled if t.dispatch_ts)
         return min(dispatched, default=now)
