@@ -57,6 +57,11 @@ METRICS_TIMEOUT_S = 10.0
 _DROP_WAIT_S = 0.5
 #: Measurements that could not be read with their batch, drained when this many wait.
 _MAX_PENDING = 512
+#: How long a read that found a measurement missing waits for it before calling its task
+#: unfinished: a task's returns reach the driver in one reply but are stored one after
+#: the other, the measurements (its last) after the result that woke the runner, so a
+#: runner quick to report it may read a moment too early. Never waited for otherwise.
+_SETTLE_S = 0.005
 #: What a read gives for a ref whose task has not finished (see _get_ready).
 _NOT_READY = object()
 
@@ -296,13 +301,14 @@ def measured_itself(metrics: Metrics, task_id: str, ref: Any) -> bool:
 
 def _get_ready(refs: list[Any]) -> list[Any]:
     """Each ref's value, its error, or ``_NOT_READY`` if its task has not finished: one
-    ``ray.wait`` that waits for nothing, then one ``ray.get`` of the ready ones (one by one
-    if one of them failed). Ray unable to tell: None for each (unreadable, for now)."""
+    ``ray.wait`` that waits no more than ``_SETTLE_S``, then one ``ray.get`` of the ready
+    ones (one by one if one of them failed). Ray unable to tell: None for each
+    (unreadable, for now)."""
     import ray
 
     try:
         # Ready: its task finished (a value not in this node yet is read, not waited for).
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SETTLE_S, fetch_local=False)
     except Exception:
         return [None] * len(refs)
     got: dict[Any, Any] = {}
