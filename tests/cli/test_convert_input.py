@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_cli import assert_one_line_error, tracer
+from test_convert import _peak_rss
 
 from tracer.format import TraceWriter, read_trace
 
@@ -120,19 +119,6 @@ def test_a_missing_file_is_said_as_the_other_commands_say_it(tmp_path: Path) -> 
     assert line == assert_one_line_error(tracer("summary", missing))
 
 
-_MEASURE = """
-import resource, sys
-from pathlib import Path
-from tracer.cli.convert import convert
-convert(Path(sys.argv[1]), Path(sys.argv[2]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-"""
-
-
-def _peak_rss(src: Path, out: Path) -> int:
-    result = subprocess.run([sys.executable, "-c", _MEASURE, str(src), str(out)],
-                            capture_output=True, text=True, timeout=600, check=True)
-    return int(result.stdout.strip())
 
 
 def test_a_big_gzipped_timeline_converts_in_bounded_memory(tmp_path: Path) -> None:
