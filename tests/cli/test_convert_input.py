@@ -112,6 +112,16 @@ def test_a_perfetto_trace_is_said_to_be_one_already(tmp_path: Path, compress: bo
     assert not (tmp_path / "out.perfetto-trace").exists()
 
 
+def test_json_that_starts_with_a_newline_is_json(tmp_path: Path) -> None:
+    """A newline is a TracePacket record's tag byte (0a): such a timeline is still
+    converted, not called a Perfetto trace already."""
+    src = tmp_path / "nl.json"
+    src.write_text("\n" + json.dumps(_events(3)))
+    result = tracer("convert", src)
+    assert result.returncode == 0, result.stderr
+    assert len(_slices(tmp_path / "nl.perfetto-trace")) >= 3
+
+
 def test_a_missing_file_is_said_as_the_other_commands_say_it(tmp_path: Path) -> None:
     missing = tmp_path / "nonexist.json"
     line = assert_one_line_error(tracer("convert", missing))

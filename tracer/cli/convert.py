@@ -112,8 +112,6 @@ def default_output(source: Path) -> Path:
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF = 4096
-#: Bytes that never appear raw in JSON text (control characters but tab, LF, CR).
-_CONTROL = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D}
 
 
 def _is_gzip(path: Path) -> bool:
@@ -143,14 +141,27 @@ def check_input(source: Path) -> None:
             f"{source}: the file is empty{' once inflated' if gz else ''}: there are no "
             "events to convert"
         )
-    # A Perfetto trace is a run of TracePacket records (tag 0a, then a length and the
-    # packet's bytes): binary fields that JSON text never holds.
-    if head[0] == 0x0A and any(b in _CONTROL for b in head[:256]):
+    # A Perfetto trace starts with a TracePacket record's tag (0a, a newline to JSON):
+    # the format layer's walk of the records tells (JSON fails it at its first bytes).
+    if head[0] == 0x0A and _is_perfetto_trace(source):
         raise ChromeJsonError(
             f"{source}: it already is a Perfetto protobuf trace{packed}, not Chrome JSON: "
             "there is nothing to convert (tracer summary, tracer open and the Perfetto UI "
             "read it as it is)"
         )
+
+
+def _is_perfetto_trace(path: Path) -> bool:
+    from tracer.errors import TraceReadError
+    from tracer.format import check_framing
+
+    try:
+        framing = check_framing(path)
+    except TraceReadError:
+        return False
+    # Every record sound (a trace cut short is still one): a JSON text that starts with
+    # a newline reads as a record or two, then as damage.
+    return framing.records > 0 and framing.damaged_at is None
 
 
 def _same_file(a: Path, b: Path) -> bool:
