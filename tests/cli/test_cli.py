@@ -234,7 +234,7 @@ def test_memory_as_json(trace: Path) -> None:
     assert data["by_node"][0]["tasks"] == 2 * cli_workloads.PARTITIONS
 
 
-def _runner_like_trace(path: Path, peak: object) -> Path:
+def _runner_like_trace(path: Path, peak: object, stage: str = "grow") -> Path:
     """One task of a runner-shaped trace whose execution reports ``peak`` as its memory peak."""
     from tracer.format import TraceWriter
     from tracer.ray import layout as L
@@ -247,11 +247,11 @@ def _runner_like_trace(path: Path, peak: object) -> Path:
         t0 = w.now()
         w.begin(loop, L.SLICE_EXECUTION, t0, category=L.CAT_SCHEDULER,
                 args={"execution_id": "x", "runner": "r", "tracing_level": 2})
-        w.begin(lane, "grow", t0 + 10, category=L.CAT_TASK,
+        w.begin(lane, stage, t0 + 10, category=L.CAT_TASK,
                 args={L.ARG_TASK_ID: "0-0", L.ARG_STAGE_ID: 0,
                       L.ARG_RESOURCE_REQUEST: {"memory_bytes": 1000}})
         w.begin(lane, L.SLICE_DISPATCHED, t0 + 20, category=L.CAT_TASK)
-        w.begin(worker, "grow", t0 + 30, category=L.CAT_EXECUTION, args={L.ARG_TASK_ID: "0-0"})
+        w.begin(worker, stage, t0 + 30, category=L.CAT_EXECUTION, args={L.ARG_TASK_ID: "0-0"})
         w.end(worker, t0 + 40, args={L.ARG_MEMORY_REQUESTED: 1000, L.ARG_MEMORY_PEAK: peak,
                                      L.ARG_HEAP_PEAK: peak})
         w.end(lane, t0 + 50)
@@ -326,6 +326,31 @@ def test_a_float_memory_peak_is_a_byte_amount(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     (flagged,) = json.loads(result.stdout)["flagged"]
     assert flagged["peak_bytes"] == 1_500_000_000
+
+
+@pytest.mark.parametrize(
+    ("stage", "shown"),
+    [
+        ("scan " + "x" * 300, "scan " + "x" * 40 + "..."),  # 48 characters
+        ("line one\nline two\tand\rmore", "line one\\nline two\\tand\\rmore"),
+    ],
+)
+def test_a_long_or_multiline_stage_name_keeps_the_tables_rows_whole(
+    stage: str, shown: str, tmp_path: Path
+) -> None:
+    """A stage named by a query plan (long, multi-line) shows cut to one line of its table,
+    escaped: the other columns stay under their headers. The JSON output has it whole."""
+    path = _runner_like_trace(tmp_path / "named.perfetto-trace", 5000, stage)
+    for command in ("summary", "memory"):
+        result = tracer(command, path, "--engine", "reader")
+        assert result.returncode == 0, result.stderr
+        rows = [line for line in result.stdout.splitlines() if shown in line]
+        assert rows, result.stdout
+        assert stage not in result.stdout
+        for row in rows:
+            assert len(row) < 160, row
+    memory = json.loads(tracer("memory", path, "--json", "--engine", "reader").stdout)
+    assert memory["flagged"][0]["stage"] == stage
 
 
 def test_memory_limit(trace: Path) -> None:

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -24,6 +25,7 @@ __all__ = [
     "fmt_count",
     "fmt_dur",
     "fmt_share",
+    "name_column",
     "print_json",
     "render_csv",
     "render_frame",
@@ -60,6 +62,19 @@ class Column:
     key: str
     fmt: Callable[[Any, Style], str] | None = None
     right: bool = True
+    #: Longer values are cut to this many characters (None: never). For names: a
+    #: stage named by a whole query plan would push every other column off the
+    #: screen (the JSON output has them whole).
+    max_width: int | None = None
+
+
+#: The widest a name (a stage's, a node's, a task's) is shown in a table.
+NAME_WIDTH = 48
+
+
+def name_column(header: str, key: str) -> Column:
+    """A left-aligned column of names, cut to :data:`NAME_WIDTH`."""
+    return Column(header, key, right=False, max_width=NAME_WIDTH)
 
 
 def fmt_dur(ns: Any, style: Style) -> str:
@@ -115,6 +130,20 @@ def fmt_text(x: Any, style: Style) -> str:
     return "-" if is_missing(x) else str(x)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _cell(text: str, limit: int | None, style: Style) -> str:
+    """One line of at most ``limit`` characters: a newline or NUL in a name would cut
+    the table's row in two (or the name, on a terminal), so they show escaped."""
+    if _CONTROL.search(text):
+        text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    if limit is not None and len(text) > limit:
+        more = "…" if style.rich else "..."
+        text = text[: limit - len(more)] + more
+    return text
+
+
 def _sig(value: float) -> str:
     """Three significant digits, no exponent."""
     if value >= 100:
@@ -146,9 +175,14 @@ def render_table(
     *,
     empty: str = "(none)",
 ) -> str:
-    """A table with a title line, a header, a rule and one line per row."""
+    """A table with a title line, a header, a rule and one line per row.
+
+    Cells longer than their column's ``max_width`` are cut, and control
+    characters show escaped.
+    """
     cells = [
-        [(c.fmt or fmt_text)(row.get(c.key), style) for c in columns] for row in rows
+        [_cell((c.fmt or fmt_text)(row.get(c.key), style), c.max_width, style) for c in columns]
+        for row in rows
     ]
     headers = [c.header for c in columns]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
@@ -178,6 +212,7 @@ def render_frame(frame: pd.DataFrame, style: Style) -> str:
 
     The headers are the result's own, duplicates included; the rows are
     keyed by :func:`~tracer.query.unique_names`, so no column hides another.
+    Values are shown whole (what a query asked for), control characters escaped.
     """
     import pandas as pd
 

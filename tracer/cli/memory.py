@@ -15,6 +15,7 @@ from tracer.cli._output import (
     fmt_bytes,
     fmt_count,
     fmt_ratio,
+    name_column,
     print_json,
     render_table,
 )
@@ -176,7 +177,7 @@ def _render_suggestions(
         title,
         [
             Column("id", "stage_id", fmt_count),
-            Column("stage", "stage", right=False),
+            name_column("stage", "stage"),
             Column("measured", "measured", fmt_count),
             Column("peak max", "peak_max_bytes", fmt_bytes),
             Column("peak of", "peak_basis", right=False),
@@ -212,7 +213,7 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
             "Requested vs actual, by stage",
             [
                 Column("id", "stage_id", fmt_count),
-                Column("stage", "stage", right=False),
+                name_column("stage", "stage"),
                 Column("tasks", "tasks", fmt_count),
                 Column("measured", "measured", fmt_count),
                 Column("requested", "requested_bytes", fmt_bytes),
@@ -230,7 +231,7 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
         render_table(
             "By node",
             [
-                Column("node", "node", right=False),
+                name_column("node", "node"),
                 Column("tasks", "tasks", fmt_count),
                 Column("peak p50", "peak_p50_bytes", fmt_bytes),
                 Column("peak max", "peak_max_bytes", fmt_bytes),
@@ -251,11 +252,11 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
         render_table(
             title,
             [
-                Column("task", "task_id", right=False),
+                name_column("task", "task_id"),
                 Column("attempt", "attempt", fmt_count),
-                Column("stage", "stage", right=False),
-                Column("node", "node", right=False),
-                Column("worker", "worker", right=False),
+                name_column("stage", "stage"),
+                name_column("node", "node"),
+                name_column("worker", "worker"),
                 Column("reason", "reason", right=False),
                 Column("requested", "requested_bytes", fmt_bytes),
                 Column("peak", "peak_bytes", fmt_bytes),

@@ -14,6 +14,7 @@ from tracer.cli._output import (
     fmt_count,
     fmt_dur,
     fmt_share,
+    name_column,
     print_json,
     render_table,
     sparkline,
@@ -112,7 +113,7 @@ def _ray_parts(latency: pd.DataFrame, style: Style) -> list[str]:
             "(until the runner saw it)",
             [
                 Column("id", "stage_id", fmt_count),
-                Column("stage", "stage", right=False),
+                name_column("stage", "stage"),
                 *(Column(title, part) for part, title in RAY_PARTS),
             ],
             rows,
@@ -137,7 +138,7 @@ def render(
             "Stages",
             [
                 Column("id", "stage_id", fmt_count),
-                Column("stage", "stage", right=False),
+                name_column("stage", "stage"),
                 Column("tasks", "tasks", fmt_count),
                 Column("failed", "failed", fmt_count),
                 Column("wall", "wall_ns", fmt_dur),
@@ -168,7 +169,7 @@ def render(
             "running, result pickup",
             [
                 Column("id", "stage_id", fmt_count),
-                Column("stage", "stage", right=False),
+                name_column("stage", "stage"),
                 Column("tasks", "tasks", fmt_count),
                 Column("waiting", "waiting"),
                 Column("scheduling", "scheduling"),
@@ -276,8 +277,8 @@ def _workers(util: pd.DataFrame, style: Style) -> str:
     return render_table(
         title,
         [
-            Column("node", "node", right=False),
-            Column("worker", "worker", right=False),
+            name_column("node", "node"),
+            name_column("worker", "worker"),
             Column("busy", "busy", fmt_share),
             Column("timeline", "timeline", right=False),
         ],
