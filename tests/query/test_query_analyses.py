@@ -104,13 +104,13 @@ def test_synthetic_task_latency(synthetic: Path) -> None:
         # the one at 400 to attempt 1 (created at 305); attempt 0 was never received.
         ["a-1", 0, "superseded", "worker 12", 30, 45, 80, None, None, None],
         ["a-1", 1, "ok", "worker 12", 5, 90, 200, 100, 395, 50],
-        # OOM-killed: no execution.
-        ["b-0", 0, "failed", None, 20, None, None, None, 300, None],
+        # OOM-killed: no execution; its worker is where its "task failed" mark is.
+        ["b-0", 0, "failed", "worker 11", 20, None, None, None, 300, None],
         # Ran on a lane under worker 12 (overlapping its other execution); unfinished.
         ["b-1", 0, "unfinished", "worker 12", 20, 20, 600, None, None, None],
     ]
     assert got[0]["created_ts"] == BASE + 30
-    assert {r["node"] for r in got} == {NODE, None}
+    assert {r["node"] for r in got} == {NODE}
 
 
 def test_synthetic_ray_parts(synthetic: Path) -> None:
@@ -205,8 +205,8 @@ def test_synthetic_memory(synthetic: Path) -> None:
          "over_request": 1, "excess_max_bytes": 150},
     ]
     assert rows(q.memory_flagged()) == [
-        {"task_id": "b-0", "attempt": 0, "stage_id": 1, "stage": "reduce", "node": None,
-         "worker": None, "reason": "oom killed", "requested_bytes": 0, "peak_bytes": 5000,
+        {"task_id": "b-0", "attempt": 0, "stage_id": 1, "stage": "reduce", "node": NODE,
+         "worker": "worker 11", "reason": "oom killed", "requested_bytes": 0, "peak_bytes": 5000,
          "peak_source": "at kill", "excess_bytes": None, "ratio": None},
         {"task_id": "a-0", "attempt": 0, "stage_id": 0, "stage": "map", "node": NODE,
          "worker": "worker 11", "reason": "over request", "requested_bytes": 100,

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,11 +60,12 @@ def hog(n):
         time.sleep(0.05)
     return len(chunks)
 
-ray.init(address="local", num_cpus=1, object_store_memory=78643200,
+ray.init(address="local", num_cpus=int(sys.argv[3]), object_store_memory=78643200,
          include_dashboard=False, log_to_driver=False)
 stage = Stage("hog", hog, memory_bytes=int(sys.argv[2]), max_retries=0)
 try:
-    Pipeline([0, 1], [stage]).run(tracing_level=2, trace_path=sys.argv[1], progress=False)
+    Pipeline(json.loads(sys.argv[4]), [stage]).run(
+        tracing_level=2, trace_path=sys.argv[1], progress=False)
     result = {"error": None}
 except BaseException as exc:
     result = {
@@ -75,16 +77,16 @@ print("RESULT " + json.dumps(result))
 """
 
 
-@pytest.fixture(scope="module")
-def oom(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("oom")
+def run_job(tmp: Path, num_cpus: int, partitions: list[int]) -> dict[str, Any]:
+    """The job in a process of its own: partition 0 fits, the others grow until killed."""
     script = tmp / "job.py"
     script.write_text(JOB)
     trace = tmp / "oom.perfetto-trace"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_AUTH_MODE"] = "disabled"
     proc = subprocess.run(
-        [sys.executable, str(script), str(trace), str(REQUEST)],
+        [sys.executable, str(script), str(trace), str(REQUEST), str(num_cpus),
+         json.dumps(partitions)],
         capture_output=True, text=True, timeout=180, env=env, check=False,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -94,6 +96,12 @@ def oom(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip(result["skip"])
     result["trace"] = trace
     return result
+
+
+@pytest.fixture(scope="module")
+def oom(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One CPU: the partition that fits, then one that is killed (the same worker)."""
+    return run_job(tmp_path_factory.mktemp("oom"), 1, [0, 1])
 
 
 def test_the_caller_gets_ray_out_of_memory_error(oom: dict[str, Any]) -> None:
@@ -143,6 +151,20 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     assert _process_of(model, mark.track_uuid).uuid == node.uuid
     # When the runner saw it: after the task was dispatched, before the task slice ended.
     assert tasks["0-1"].ts <= mark.ts <= tasks["0-1"].ts + (tasks["0-1"].dur or 0)
+    # The killed worker's memory counters (if it ran the partition that fit: one CPU,
+    # one worker) end at 0 where the kill was seen, not at its last task's figures.
+    rss = [t.uuid for t in model.tracks.values()
+           if t.name == L.COUNTER_WORKER_RSS and t.parent_uuid == mark.track_uuid]
+    if rss:
+        samples = [c for c in model.counters if c.track_uuid == rss[0]]
+        # (counter times are kept to 0.1 ms: tracer.ray.timeline.memory.TIME_UNIT_NS)
+        assert samples[-1].value == 0 and 0 <= mark.ts - samples[-1].ts < 100_000, samples[-3:]
+        assert max(c.value for c in samples) > 0
+    # Where it ran, as the memory report says (both engines).
+    from tracer.query import QueryConfig, TraceQuery, records
+    (flagged,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_flagged())
+    assert flagged["task_id"] == "0-1" and flagged["reason"] == "oom killed"
+    assert flagged["node"] == node.name and flagged["worker"] == worker.name
 
 
 def _process_of(model: Any, uuid: int) -> Any:
@@ -151,3 +173,42 @@ def _process_of(model: Any, uuid: int) -> Any:
         track = model.parent_of(track.uuid)
     assert track is not None
     return track
+
+
+def test_workers_killed_at_once_are_not_all_the_first_one(tmp_path: Path) -> None:
+    """Two partitions grow side by side on two CPUs: Ray (2.60) kills both workers in
+    one round and hands each task the same report, naming both workers with their
+    memory. It does not say which ran which task: neither task is put on the first
+    worker named (both were, with its memory), each says the workers killed with it,
+    its memory at the kill is the least of theirs (a lower bound), and its mark is on
+    the node. Where Ray killed them one at a time, each names its own worker."""
+    result = run_job(tmp_path, 2, [1, 2])
+    assert result["error"] == "ray.exceptions.OutOfMemoryError", result
+    model = read_trace(result["trace"])
+    assert not model.problems, [str(p) for p in model.problems]
+    check_well_formed(model)
+    killed = [s.args for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
+    assert [k[L.ARG_ERROR_TYPE] for k in killed] == ["OutOfMemoryError"] * 2, killed
+    marks = {i.args[L.ARG_TASK_ID]: i for i in model.instants
+             if i.name == L.INSTANT_TASK_FAILED}
+    together = [k for k in killed if L.ARG_OOM_KILLED_WORKERS in k]
+    if not together:
+        pytest.skip("Ray killed the two workers one at a time (Ray 2.50's policy)")
+    for k in together:
+        workers = {int(pid): used for pid, used in k[L.ARG_OOM_KILLED_WORKERS].items()}
+        assert len(workers) >= 2 and all(used > REQUEST for used in workers.values())
+        assert L.ARG_WORKER_PID not in k
+        assert k[L.ARG_MEMORY_AT_KILL] == min(workers.values())
+        mark = marks[k[L.ARG_TASK_ID]]
+        node = model.tracks[mark.track_uuid]
+        assert (node.name or "").startswith(L.NODE_PROCESS_PREFIX), node
+        assert mark.args[L.ARG_OOM_KILLED_WORKERS] == k[L.ARG_OOM_KILLED_WORKERS]
+    # The memory report puts each on its node, on no worker.
+    from tracer.query import QueryConfig, TraceQuery, records
+    flagged = records(TraceQuery(result["trace"], QueryConfig(engine="reader")).memory_flagged())
+    assert sorted(f["task_id"] for f in flagged) == sorted(k[L.ARG_TASK_ID] for k in killed)
+    for f in flagged:
+        assert f["reason"] == "oom killed" and f["node"] is not None
+        if any(k[L.ARG_TASK_ID] == f["task_id"] for k in together):
+            assert f["worker"] is None
+    assert_engines_agree(result["trace"])

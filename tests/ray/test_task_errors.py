@@ -7,7 +7,10 @@ import pytest
 from tracer.ray.task_errors import (
     exception_message,
     exceptions_in_traceback,
+    killed_workers,
+    memory_at_kill,
     raised_in_traceback,
+    where_from_error,
 )
 
 _HEADER = "\x1b[36mray::f()\x1b[39m (pid=1, ip=10.0.0.1)\n"
@@ -63,3 +66,72 @@ def test_an_exception_s_message_beside_its_type() -> None:
     assert exception_message("BadRecord", "BadRecord") == ""
     assert exception_message("Task was killed: OOM", "OutOfMemoryError") == (
         "Task was killed: OOM")
+
+
+class OutOfMemoryError(Exception):
+    """Ray's, as task_errors tells it: by class name."""
+
+
+_NODE_ID = "090fd2f5bdd1f837bd4d4fbea4d95942d44ede2dd164760b006a0bdd"
+#: Ray 2.50's report: one worker, the task's.
+_OOM_250 = (
+    "Task was killed due to the node running low on memory.\nMemory on the node (IP: "
+    f"10.0.62.231, ID: {_NODE_ID}) where the task (task ID: 43534ce9375fa8e4cd0d0ec285d997"
+    "4a6a95897401000000, name=allocate_memory, pid=11362, memory used=1.25GB) was running "
+    "was 1.89GB / 2.00GB (0.945815), which exceeds the memory usage threshold of 0.95."
+)
+
+
+def _oom_260(*workers: tuple[int, str], actors: tuple[tuple[int, str], ...] = ()) -> str:
+    """Ray 2.60's report of the workers killed in one round (as real runs printed it)."""
+    selected = "".join(
+        "Selected to kill: (Task: job ID=01000000, lease ID=0300000001000000ffff, task "
+        f"name=explode, required resources={{CPU: 1, memory: 1e+08}}, pid={pid}, actual "
+        f"memory used={used}, worker ID=d85c436c8c73e9c1)\n"
+        for pid, used in workers
+    ) + "".join(
+        "Selected to kill: (Actor(8a1fa46c0c2ca8511437cb3401000000): job ID=01000000, lease "
+        "ID=020000004f3e, task name=tracer-metrics-raydata-01000000-0:MetricsActor.__init__, "
+        f"required resources={{}}, pid={pid}, actual memory used={used}, worker ID=9770e6df)\n"
+        for pid, used in actors
+    )
+    return (
+        f"{len(workers)} worker(s) were killed due to the node running low on memory. Memory "
+        f"on the node (IP: 192.0.2.2, ID: {_NODE_ID}) was 2.02GB used / 23.54GB limit\n"
+        "OOM kill reason: Memory usage 2100740096B exceeded threshold of 2095396608B\n"
+        f"Ray killed {len(workers)} worker(s) based on the killing policy\n"
+        f"Considered workers: [\n{selected}]\n"
+    )
+
+
+@pytest.mark.parametrize(("text", "pid", "at_kill", "killed"), [
+    (_OOM_250, 11362, 1_250_000_000, {11362: 1_250_000_000}),
+    (_oom_260((25292, "0.50GB")), 25292, 500_000_000, {25292: 500_000_000}),
+    # Several killed at once: each task gets this same text, which does not say which
+    # worker ran it. No pid (not the first worker's for all), and the least memory of
+    # theirs (the task's worker used at least that), not the first worker's.
+    (_oom_260((25292, "0.50GB"), (25291, "0.53GB")), 0, 500_000_000,
+     {25292: 500_000_000, 25291: 530_000_000}),
+    (_oom_260((7, "0.90GB"), (8, "0.25GB"), (9, "0.60GB")), 0, 250_000_000,
+     {7: 900_000_000, 8: 250_000_000, 9: 600_000_000}),
+    # Actors killed with it (Ray Data's stats actor, tracer's metrics actor) ran no task:
+    # one task worker named is the task's, several are its candidates.
+    (_oom_260((25292, "0.67GB"), actors=((27551, "0.06GB"), (27464, "0.10GB"))), 25292,
+     670_000_000, {25292: 670_000_000, 27551: 60_000_000, 27464: 100_000_000}),
+    (_oom_260((5, "0.67GB"), (6, "0.26GB"), actors=((27551, "0.06GB"),)), 0, 260_000_000,
+     {5: 670_000_000, 6: 260_000_000, 27551: 60_000_000}),
+])
+def test_an_oom_report_says_where_only_what_it_knows(
+    text: str, pid: int, at_kill: int, killed: dict[int, int]
+) -> None:
+    error = OutOfMemoryError(text)
+    assert where_from_error(error) == (_NODE_ID, pid)
+    assert memory_at_kill(error) == at_kill
+    assert killed_workers(error) == killed
+
+
+def test_only_an_oom_kill_names_killed_workers() -> None:
+    """A crashed worker's error names its pid, and it is no OOM report."""
+    crash = RuntimeError("The worker died unexpectedly (pid=77, ip=10.0.0.1)")
+    assert killed_workers(crash) == {}
+    assert where_from_error(crash) == (None, 77)

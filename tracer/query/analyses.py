@@ -213,6 +213,7 @@ def latency_rows(rows: TraceRows) -> Latency:
         if r[1] is not None:
             spans_by_task_id[r[1]].append(r)
     ray_states = rows.ray_states
+    marks = rows.marks
     out: Latency = []
     for t in tasks:
         t_id, created, task_id, attempt, stage_id, stage, status, requested, at_kill, received, \
@@ -220,8 +221,11 @@ def latency_rows(rows: TraceRows) -> Latency:
         m = chosen.get(t_id)
         span = None
         if m is None:
-            started = finished = m_requested = peak = source = m_status = node = worker = None
+            started = finished = m_requested = peak = source = m_status = None
             m_id = None
+            # A task with no execution (Ray killed its worker): where its mark is.
+            node, worker = marks.get((task_id, received), (None, None)) if marks else (
+                None, None)
         else:
             m_id, started, e_task_id, _, finished, m_requested, peak, source, m_status, node, \
                 worker = m

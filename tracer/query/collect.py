@@ -15,6 +15,8 @@ only what the analyses of ``tracer/query/sql`` read:
   task slice on the parent lane, and the ``ray task <name>`` spans on the
   workers' ``Ray phases`` tracks with the end of their ``deserialize
   arguments`` phase (``tracer_ray_state`` and ``tracer_ray_span``);
+* the ``task failed`` / ``task cancelled`` marks on a node's or a worker's
+  track: where a task with no execution stopped (``tracer_mark``);
 * the dispatch loop's time per phase, as running sums (dispatch_loop.sql);
 * the trace's first and last moment (``MIN(ts)``, ``MAX(ts + MAX(dur, 0))``
   over the slice table, instants included) and the run's info slice.
@@ -68,6 +70,8 @@ _PHASE_NAMES = frozenset(PHASES)
 #: A node's track: its name starts so (tracer_tables.sql's GLOB 'Node *').
 _NODE_PREFIX = L.NODE_PROCESS_PREFIX + " "
 #: Ray's states (tracer_tables.sql's tracer_ray_state).
+#: Where a task with no execution stopped (tracer_tables.sql's tracer_mark).
+_MARK_NAMES = frozenset((L.INSTANT_TASK_FAILED, L.INSTANT_TASK_CANCELLED))
 _STATE_NAMES = frozenset((L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED,
                           L.STATE_RUNNING, L.STATE_FINISHED, L.STATE_FAILED))
 
@@ -146,6 +150,10 @@ class TraceRows(TraceVisitor):
         self._states: list[tuple[Any, ...]] = []
         #: task slice id -> (submitted_ts, replied_ts), either None.
         self.ray_states: dict[int, tuple[int | None, int | None]] = {}
+        # Failure marks as (task_id, ts, track uuid) until finish() resolves them into
+        # marks: (task_id, ts) -> (node, worker), the worker None on a node's track.
+        self._marks: list[tuple[Any, int, int]] = []
+        self.marks: dict[tuple[Any, int], tuple[str | None, str | None]] = {}
 
     # ------------------------------------------------------------ the stream
 
@@ -212,7 +220,9 @@ class TraceRows(TraceVisitor):
             self.ray_spans.append((s.id, arg(s.args, L.ARG_TASK_ID), s.ts, s.ts + dur, None))
 
     def instant(self, i: ScannedInstant) -> None:
-        if i.name == L.INSTANT_RAY_EVENTS and i.category == L.CAT_SCHEDULER:
+        if i.category == L.CAT_EXECUTION and i.name in _MARK_NAMES:
+            self._marks.append((arg(i.args, L.ARG_TASK_ID), i.ts, i.track_uuid))
+        elif i.name == L.INSTANT_RAY_EVENTS and i.category == L.CAT_SCHEDULER:
             key = (i.ts, i.id)
             if self._ray_events_key is None or key < self._ray_events_key:
                 self._ray_events_key = key
@@ -324,7 +334,30 @@ class TraceRows(TraceVisitor):
                 executions.append((*e[:9], *place))
         executions.sort(key=lambda e: (e[1], e[0]))
         self.executions = executions
+        self._resolve_marks(tracks)
         self._resolve_ray(tracks)
+
+    def _resolve_marks(self, tracks: dict[int, TrackInfo]) -> None:
+        """As tracer_mark: a mark on a node's track, or on a worker's under one; of two
+        marks of one task at one time, the least node and worker names (SQL's MIN)."""
+        marks = self.marks
+        for task_id, ts, uuid in self._marks:
+            track = tracks.get(uuid)
+            if track is None or task_id is None:
+                continue
+            if _is_node(track):
+                place: tuple[str | None, str | None] = (track.name, None)
+            else:
+                parent = _parent(tracks, track)
+                if not _is_node(parent):
+                    continue
+                assert parent is not None
+                place = (parent.name, track.name)
+            old = marks.get((task_id, ts))
+            if old is not None:
+                place = (_least(old[0], place[0]), _least(old[1], place[1]))
+            marks[(task_id, ts)] = place
+        self._marks = []
 
     def _resolve_ray(self, tracks: dict[int, TrackInfo]) -> None:
         """Ray's spans get their arguments' end; states go to the task slice they belong to.
@@ -407,6 +440,10 @@ def _worker_of(tracks: dict[int, TrackInfo], uuid: int) -> tuple[str | None, str
         assert parent is not None and grandparent is not None
         return grandparent.name, parent.name
     return None
+
+
+def _least(a: str | None, b: str | None) -> str | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _parent(tracks: dict[int, TrackInfo], track: TrackInfo | None) -> TrackInfo | None:

@@ -33,8 +33,10 @@ from tracer.ray.return_channel import ReturnChannel, measured_itself, ray_task_i
 from tracer.ray.runner_task import RunnerTask
 from tracer.ray.task_errors import (
     error_args,
+    killed_workers,
     memory_at_kill,
     metrics_from_error,
+    oom_candidates,
     root_cause,
     where_from_error,
 )
@@ -125,6 +127,10 @@ class Failures:
         at_kill = memory_at_kill(error)
         if at_kill:
             memory[L.ARG_MEMORY_AT_KILL] = at_kill
+        killed = killed_workers(error) if metrics is None else {}
+        candidates = oom_candidates(error) if killed else {}
+        if len(candidates) > 1:  # which of them ran this task, Ray's report does not say
+            memory[L.ARG_OOM_KILLED_WORKERS] = {str(p): b for p, b in candidates.items()}
         attempts: dict[str, Any] = {}
         if metrics is not None and metrics.get("attempt"):
             attempts = self.attempt_args(task_id, metrics)
@@ -140,6 +146,8 @@ class Failures:
             if self.new_attempt(task_id, metrics):
                 timeline.execution(metrics, task)
             return
+        if killed:
+            timeline.workers_killed(node_id, killed, now)
         track = timeline.locate(node_id, pid) if node_id or pid else timeline.loop
         name = L.INSTANT_TASK_CANCELLED if status == L.STATUS_CANCELLED else L.INSTANT_TASK_FAILED
         timeline.mark(track, name, now, {L.ARG_TASK_ID: str(task_id), **err, **memory})

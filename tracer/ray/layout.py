@@ -278,7 +278,14 @@ ARG_USS_PEAK = "uss_peak"
 #: are then upper bounds of its own).
 ARG_MEMRAY = "memray"
 ARG_MEMRAY_REASON = "memray_reason"
-#: On a task killed by Ray's OOM killer: the worker's memory use Ray reported.
+#: On a task killed by Ray's OOM killer: the worker's memory use Ray reported. When
+#: Ray killed several workers at once (ARG_OOM_KILLED_WORKERS) its report does not say
+#: which ran the task: the least of theirs, a lower bound of the task's worker's.
 ARG_MEMORY_AT_KILL = "memory_used_at_kill"
+#: On a task killed by Ray's OOM killer together with other task workers: {pid: memory
+#: use at the kill} of each task worker Ray's report names (actors' workers, which it may
+#: name too, run no task); the task ran in one of them (its ARG_WORKER_PID is then
+#: absent, and its "task failed" mark is on the node's track).
+ARG_OOM_KILLED_WORKERS = "oom_killed_workers"
 #: On stage slices, with memory_requested / memory_peak as {min, p50, max}.
 ARG_TASKS_OVER_REQUEST = "tasks_over_request"

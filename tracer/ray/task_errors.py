@@ -21,8 +21,10 @@ __all__ = [
     "exception_message",
     "exceptions_in_traceback",
     "is_oom_kill",
+    "killed_workers",
     "memory_at_kill",
     "metrics_from_error",
+    "oom_candidates",
     "raised_in_traceback",
     "root_cause",
     "where_from_error",
@@ -56,11 +58,57 @@ def is_oom_kill(error: BaseException) -> bool:
 
 #: Ray 2.60 says ``actual memory used=0.89GB``, 2.50 ``memory used=0.94GB``.
 _KILL_MEMORY_RE = re.compile(r"(?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)")
+#: One worker in an OOM report: its pid, then its memory. Ray 2.60 kills several workers
+#: in one round and lists each, a task's worker or an actor's ("Selected to kill: (Task:
+#: ..., pid=25292, actual memory used=0.50GB, ...)", "(Actor(03b7...): ..."), and every
+#: task it killed gets that same report; Ray 2.50 names the one worker it killed.
+_KILLED_RE = re.compile(r"pid=(\d+), (?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)")
+_SELECTED_RE = re.compile(
+    r"Selected to kill: \((Task|Actor)\b[^\n]*?pid=(\d+), (?:actual )?memory used="
+    r"([0-9.]+)\s*([KMGT]?B)"
+)
+#: Ray prints GB as 10**9 bytes (with two decimals: 0.50GB is 500 MB +- 5 MB).
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
+def _killed(error: BaseException) -> list[tuple[str, int, int]]:
+    """(kind, pid, bytes) of each worker Ray's OOM report names; kind "Task" or "Actor"
+    (Ray 2.60), "" where the report does not say (Ray 2.50's)."""
+    if not is_oom_kill(error):
+        return []
+    text = str(error)
+    selected = _SELECTED_RE.findall(text)
+    if selected:
+        return [(kind, int(pid), int(float(n) * _UNITS[u])) for kind, pid, n, u in selected]
+    return [("", int(pid), int(float(n) * _UNITS[u])) for pid, n, u in _KILLED_RE.findall(text)]
+
+
+def killed_workers(error: BaseException) -> dict[int, int]:
+    """Every worker Ray's OOM report says it killed (actors' too): pid -> its memory use
+    then, in bytes. Their processes are gone."""
+    return {pid: used for _, pid, used in _killed(error)}
+
+
+def oom_candidates(error: BaseException) -> dict[int, int]:
+    """The killed workers that may have run the task: those running a task, where the
+    report tells (an actor's worker runs no task of the runner's: Ray Data's stats
+    actor, tracer's metrics actor), else all. One: it is the task's."""
+    killed = _killed(error)
+    tasks = {pid: used for kind, pid, used in killed if kind == "Task"}
+    return tasks or {pid: used for _, pid, used in killed}
+
+
 def memory_at_kill(error: BaseException) -> int | None:
-    """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``)."""
+    """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``).
+
+    A report of several task workers killed at once does not say which ran
+    this task (every task killed then gets the same text): the least of
+    theirs, which the task's worker used at least, rather than the first
+    worker's (half the tasks of a round got another worker's figure).
+    """
+    candidates = oom_candidates(error)
+    if candidates:
+        return min(candidates.values())
     match = _KILL_MEMORY_RE.search(str(error))
     if match is None:
         return None
@@ -80,12 +128,21 @@ _NODE_RE = re.compile(r"ID: ([0-9a-f]{16,})")
 
 
 def where_from_error(error: BaseException) -> tuple[str | None, int]:
-    """Node id and worker pid that Ray's error names (OOM kills and crashes say both)."""
+    """Node id and worker pid that Ray's error names (OOM kills and crashes say both).
+
+    The pid is 0 (unknown) when an OOM report names several killed task
+    workers: it does not say which of them ran this task (see
+    :func:`oom_candidates`).
+    """
     pid = getattr(error, "pid", None)
     text = str(error)
     if not isinstance(pid, int):
-        match = _PID_RE.search(text)
-        pid = int(match.group(1)) if match else 0
+        candidates = oom_candidates(error)
+        if candidates:
+            pid = next(iter(candidates)) if len(candidates) == 1 else 0
+        else:
+            match = _PID_RE.search(text)
+            pid = int(match.group(1)) if match else 0
     node = _NODE_RE.search(text)
     return (node.group(1) if node else None), pid
 

@@ -198,6 +198,26 @@ WHERE s.category = 'execution' AND s.name NOT IN ('task failed', 'task cancelled
   AND s.dur >= 0 AND (p.name GLOB 'Node *' OR g.name GLOB 'Node *');
 CREATE INDEX tracer_execution_by_task_id ON tracer_execution(task_id);
 
+-- Where a task with no execution stopped: the 'task failed' / 'task cancelled'
+-- mark made where Ray's error said it ran (a worker's track, or the node's when
+-- the worker is unknown) at the moment its task slice ended. A task Ray killed
+-- (OOM killer, crashed worker) has no execution: its node and worker come
+-- from here.
+DROP TABLE IF EXISTS tracer_mark;
+CREATE TABLE tracer_mark AS
+SELECT
+  EXTRACT_ARG(s.arg_set_id, 'debug.task_id') AS task_id,
+  s.ts,
+  MIN(CASE WHEN t.name GLOB 'Node *' THEN t.name ELSE p.name END) AS node,
+  MIN(CASE WHEN t.name GLOB 'Node *' THEN NULL ELSE t.name END) AS worker
+FROM slice AS s
+JOIN track AS t ON t.id = s.track_id
+LEFT JOIN track AS p ON p.id = t.parent_id
+WHERE s.category = 'execution' AND s.name IN ('task failed', 'task cancelled')
+  AND (t.name GLOB 'Node *' OR p.name GLOB 'Node *')
+GROUP BY 1, 2;
+CREATE INDEX tracer_mark_by_task ON tracer_mark(task_id, ts);
+
 -- One row per task attempt with its execution joined by the task_id
 -- annotation, and the four phases of its latency:
 --   waiting_ns    created -> dispatched  (waiting in the runner for a batch)
@@ -294,8 +314,8 @@ WITH joined AS (
     t.stage_id,
     t.stage,
     COALESCE(t.status, m.status, 'ok') AS status,
-    m.node,
-    m.worker,
+    CASE WHEN m.slice_id IS NOT NULL THEN m.node ELSE f.node END AS node,
+    CASE WHEN m.slice_id IS NOT NULL THEN m.worker ELSE f.worker END AS worker,
     t.created_ts,
     t.dispatched_ts,
     m.start_ts AS started_ts,
@@ -316,6 +336,7 @@ WITH joined AS (
   LEFT JOIN tracer_match AS m ON m.task_slice_id = t.slice_id
   LEFT JOIN tracer_ray_match AS r ON r.execution_slice_id = m.slice_id
   LEFT JOIN tracer_ray_state AS st ON st.task_slice_id = t.slice_id
+  LEFT JOIN tracer_mark AS f ON f.task_id = t.task_id AND f.ts = t.received_ts
 ),
 -- The boundaries, each clamped between its neighbours (multi-argument MIN
 -- and MAX are NULL when an argument is).
@@ -368,3 +389,4 @@ SELECT
 FROM bound;
 DROP TABLE tracer_match;
 DROP TABLE tracer_ray_match;
+DROP TABLE tracer_mark;

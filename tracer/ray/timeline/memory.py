@@ -204,6 +204,16 @@ class MemoryTrace:
         pending.append((end, order + 1, heap0, _kib_or_none(m.get("rss_end"))))
         self._order = order + 2
 
+    def worker_gone(self, worker: Track, ts: int) -> None:
+        """The worker process ended at ``ts`` (Ray's OOM killer): its counters drop to 0
+        there, where they would have kept its last task's figures to the trace's end."""
+        counters = self._workers.get(worker)
+        if counters is not None:
+            self._order += 1
+            counters.pending.append(
+                (ts, self._order, 0 if counters.with_heap else None, 0)
+            )
+
     def _queue_node_steps(
         self, node: Track, start: int, end: int, requested: int, used: int
     ) -> None:

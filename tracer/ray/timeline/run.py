@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -572,6 +573,17 @@ class RunTimeline:
     def locate(self, node_id: str | None, pid: int) -> Track:
         """The track of a worker (or node) named by a failure: see :meth:`Nodes.locate`."""
         return self.nodes.locate(node_id, pid)
+
+    def workers_killed(self, node_id: str | None, pids: Iterable[int], ts: int) -> None:
+        """Ray killed these workers of that node (its OOM report names them) by ``ts``:
+        the memory counters of those the trace shows drop to 0 there."""
+        node = self.nodes.by_id.get(node_id or "")
+        if node is None:
+            return
+        for pid in pids:
+            worker = node.workers.get(pid)
+            if worker is not None:
+                self.memory.worker_gone(worker.track, ts)
 
     def mark(self, track: Track, name: str, ts: int, args: dict[str, Any]) -> None:
         """A task failed or was cancelled there (``track``: :meth:`locate`'s, or the loop)."""
