@@ -353,6 +353,35 @@ def test_a_long_or_multiline_stage_name_keeps_the_tables_rows_whole(
     assert memory["flagged"][0]["stage"] == stage
 
 
+@pytest.mark.parametrize(("source", "missing", "said"), [
+    ("gcs", 0, "Ray's events read from gcs: none missing"),
+    ("gcs", 3, "Ray's events read from gcs: 3 executions without them"),
+    # No read made: nothing wanted them (a run with no executions), or none could be.
+    ("none", 0, "Ray's events not read: no execution needed them"),
+    ("none", 2, "Ray's events not read: 2 executions without them"),
+])
+def test_the_summary_says_whether_rays_events_were_read(
+    source: str, missing: int, said: str, tmp_path: Path
+) -> None:
+    from tracer.format import TraceWriter
+    from tracer.ray import layout as L
+
+    path = tmp_path / "events.perfetto-trace"
+    with TraceWriter(path) as w:
+        loop = w.track(L.DISPATCH_LOOP_THREAD, parent=w.track(
+            L.SCHEDULER_PROCESS, parent=w.track(f"{L.RUN_TRACK_PREFIX} x")))
+        t0 = w.now()
+        w.begin(loop, L.SLICE_EXECUTION, t0, category=L.CAT_SCHEDULER,
+                args={"execution_id": "x", "runner": "r", "tracing_level": 1})
+        w.instant(loop, L.INSTANT_RAY_EVENTS, t0 + 5, category=L.CAT_SCHEDULER,
+                  args={L.ARG_RAY_EVENTS_SOURCE: source, L.ARG_RAY_EVENTS_MISSING: missing,
+                        L.ARG_RAY_EVENTS_DROPPED: 0})
+        w.end(loop, t0 + 10)
+    result = tracer("summary", path, "--engine", "reader")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1] == said
+
+
 def test_memory_limit(trace: Path) -> None:
     result = tracer("memory", trace, "--limit", "1")
     assert result.returncode == 0, result.stderr

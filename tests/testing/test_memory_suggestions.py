@@ -126,9 +126,10 @@ def test_the_command(known: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "memory= in Ray's .options()" in out and "Stage(memory_bytes=)" in out
     table = out[out.index("Suggested memory request"):]
     map_row = next(line for line in table.splitlines() if line.split()[:2] == ["0", "map"])
-    assert map_row.split()[:15] == [
-        "0", "map", "2", "16.0", "MiB", "heap", "4.0", "MiB", "20.0", "MiB", "+16.0", "MiB",
-        "5.00x", "2048", "409",
+    # The suggestion also in bytes, as memory= takes it (20 MiB).
+    assert map_row.split()[:16] == [
+        "0", "map", "2", "16.0", "MiB", "heap", "4.0", "MiB", "20.0", "MiB", "20971520",
+        "+16.0", "MiB", "5.00x", "2048", "409",
     ]
     assert out == memory_report(known, suggest=True) + "\n"
 

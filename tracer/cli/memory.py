@@ -183,6 +183,7 @@ def _render_suggestions(
             Column("peak of", "peak_basis", right=False),
             Column("requested", "requested_bytes", fmt_bytes),
             Column("suggested", "suggested_bytes", fmt_bytes),
+            Column("= bytes", "suggested_bytes", fmt_count),  # what memory= takes
             Column("change", "change_bytes", _fmt_change),
             Column("x request", "change_ratio", fmt_ratio),
             Column("per node now", "tasks_per_node_now", fmt_count),

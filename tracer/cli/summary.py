@@ -220,8 +220,14 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
     if source is None and info.get("ray_events_missing") is None:
         return header  # Ray's events were not read (level 0, TRACER_RAY_EVENTS=0)
     missing = info.get("ray_events_missing") or 0
-    line = f"Ray's events read from {source}: " if source else "Ray's events: "
-    line += f"{fmt_count(missing, style)} executions without them" if missing else "none missing"
+    if source == "none":  # no read was made: nothing wanted them, or no read could be made
+        line = "Ray's events not read: "
+        line += (f"{fmt_count(missing, style)} executions without them" if missing
+                 else "no execution needed them")
+    else:
+        line = f"Ray's events read from {source}: " if source else "Ray's events: "
+        line += (f"{fmt_count(missing, style)} executions without them" if missing
+                 else "none missing")
     dropped = info.get("ray_events_dropped") or 0
     if dropped:
         line += f" ({fmt_count(dropped, style)} events dropped by Ray's caps)"
