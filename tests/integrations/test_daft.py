@@ -186,6 +186,14 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
         assert e.args[L.ARG_ASSIGNED_RESOURCES]["CPU"] == 1
         assert e.args[L.ARG_MEMORY_REQUESTED] == (REQUEST if e.name == "Project" else 0)
 
+    # Daft's loop counts no tasks in flight: the tracer's own count (dispatched, not yet
+    # received, at each wave's end) is drawn, and CPUs available never go below 0.
+    counters = {t.name: [c.value for c in model.counters_on(t.uuid)]
+                for t in model.tracks.values() if t.kind == "counter"}
+    in_flight = counters[L.COUNTER_INFLIGHT]
+    assert max(in_flight) >= 1 and in_flight[-1] == 0, in_flight
+    assert all(0 <= v <= 2 for v in counters[L.COUNTER_AVAILABLE_CPUS])
+
     # Stages: Daft's stage ids; an arrow from the stage to each of its executions.
     stages = [s for s in model.slices if s.category == L.CAT_STAGE]
     assert sorted((s.args[L.ARG_STAGE_ID], s.name, s.args["num_tasks"]) for s in stages) == (

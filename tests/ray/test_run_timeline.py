@@ -164,6 +164,34 @@ def test_counters_a_scheduler_reports_itself(tmp_path: Path) -> None:
     assert_engines_agree(path)
 
 
+def test_a_runner_that_dispatches_past_the_cluster(tmp_path: Path) -> None:
+    """Daft keeps ~90 tasks a CPU in flight and counts none itself: available CPUs stay
+    at 0 (not -3), and the timeline's own count of tasks in flight shows the backlog,
+    until the runner counts them itself."""
+    path = tmp_path / "backlog.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="b", runner_name="daft-like", loop_pid=5, loop_tid=5,
+                         cluster_resources={"CPU": 2.0})
+        tasks = [tl.task_created(TimelineTask, f"t{i}", 0, ResourceRequest(num_cpus=1),
+                                 T0 + i, stage_name="map") for i in range(5)]
+        for i, task in enumerate(tasks):
+            tl.task_dispatched(task, T0 + 10 + i)
+        tl.sample_resources()
+        for i, task in enumerate(tasks[:4]):
+            tl.task_ended(task, T0 + MS + i, None)
+        tl.sample_resources()
+        tl.count_inflight(7)  # the runner's own count: the only one from now on
+        tl.sample_resources()
+        tl.task_ended(tasks[4], T0 + 2 * MS, None)
+        tl.sample_resources()
+        tl.close()
+    model = read_trace(path, strict=True)
+    by_name = {t.name: t for t in model.tracks.values() if t.kind == "counter"}
+    values = {name: [c.value for c in model.counters_on(t.uuid)] for name, t in by_name.items()}
+    assert values[L.COUNTER_AVAILABLE_CPUS] == [2, 0, 1, 2]
+    assert values[L.COUNTER_INFLIGHT] == [5, 1, 7]
+
+
 def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     """Ray's phases nest on the worker's 'Ray phases' track, its states on the lane's 'Ray
     states' track within 'dispatched'; a state timed outside that slice is clamped into it;

@@ -221,6 +221,11 @@ class RunTimeline:
         self._used_cpus = 0.0
         self._used_gpus = 0.0
         self._used_mem = 0.0
+        # Tasks dispatched and not done: drawn as *tasks in flight* at each sample of
+        # the resources for a runner that does not count them itself (Daft's loop).
+        self._in_flight = 0
+        self._dispatched_any = False  # (before, the runner may not have counted yet)
+        self._producer_counts_in_flight = False
 
         w.begin(
             self.loop,
@@ -244,17 +249,28 @@ class RunTimeline:
         self.writer.instant(self.loop, name, category=L.CAT_SCHEDULER, args=args)
 
     def count_inflight(self, count: int) -> None:
+        """The runner's own count of its tasks in flight (from then on the only one drawn)."""
+        self._producer_counts_in_flight = True
         self.writer.counter(self._inflight, count)
 
     def sample_resources(self) -> None:
-        """Sample the available CPUs, GPUs and memory (totals less what dispatched tasks hold)."""
+        """Sample the available CPUs, GPUs and memory: totals less what dispatched tasks
+        hold, never below 0.
+
+        A runner may dispatch more than the cluster holds (Daft keeps ~90 tasks
+        a CPU in flight): the rest wait in Ray's queue, which *tasks in flight*
+        shows; "-179 CPUs available" read as a bug. A runner that does not count
+        its tasks in flight gets the timeline's count (dispatched, not done) here.
+        """
         w = self.writer
         if self._total_cpus:
-            w.counter(self._avail_cpus, _num(self._total_cpus - self._used_cpus))
+            w.counter(self._avail_cpus, _num(max(0.0, self._total_cpus - self._used_cpus)))
         if self._total_gpus:
-            w.counter(self._avail_gpus, _num(self._total_gpus - self._used_gpus))
+            w.counter(self._avail_gpus, _num(max(0.0, self._total_gpus - self._used_gpus)))
         if self._total_mem:
-            w.counter(self._avail_mem, int(self._total_mem - self._used_mem))
+            w.counter(self._avail_mem, int(max(0.0, self._total_mem - self._used_mem)))
+        if not self._producer_counts_in_flight and self._dispatched_any:
+            w.counter(self._inflight, self._in_flight)
 
     def count_stage_inflight(self, stage_id: Any, count: int) -> None:
         """Tasks of one stage in flight: a counter per stage under the Scheduler
@@ -446,6 +462,8 @@ class RunTimeline:
         self._used_cpus += req.num_cpus or 0
         self._used_gpus += req.num_gpus or 0
         self._used_mem += req.memory_bytes or 0
+        self._in_flight += 1
+        self._dispatched_any = True
 
     def task_ended(self, task: TimelineTask, ts: int, args: dict[str, Any] | None) -> None:
         """The runner is done with the task (received, failed, cancelled...): its slices end."""
@@ -474,6 +492,7 @@ class RunTimeline:
             self._used_cpus -= req.num_cpus or 0
             self._used_gpus -= req.num_gpus or 0
             self._used_mem -= req.memory_bytes or 0
+            self._in_flight -= 1
 
     # ------------------------------------------------------------ executions
 
