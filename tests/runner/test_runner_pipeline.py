@@ -120,6 +120,11 @@ def test_user_exception_reaches_the_caller(level: int, tmp_path: Path) -> None:
     assert [(s.name, s.args[L.ARG_TASK_ID]) for s in failed] == [("explode", "0-3")]
     assert failed[0].args[L.ARG_ERROR_TYPE] == "KeyError"
     assert "no row 3" in failed[0].args[L.ARG_ERROR]
+    # The task's slice says the error too, not the note the runner added to it since.
+    (task,) = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0
+               and s.args.get(L.ARG_TASK_ID) == "0-3"]
+    assert task.args[L.ARG_ERROR_TYPE] == "KeyError"
+    assert task.args[L.ARG_ERROR] == "KeyError: 'no row 3'", task.args
     # "after" of partition 3 never ran (its input failed): no execution for it.
     assert sorted(s.args[L.ARG_TASK_ID] for s in executions if s.name == "after") == [
         f"1-{i}" for i in range(6) if i != 3

@@ -43,6 +43,13 @@ def error_args(error: BaseException) -> dict[str, str]:
     # traceback; Ray's system errors (OOM kill, crashed worker) lead with the
     # summary, followed by details (the OOM killer's report runs to ~40 lines).
     message = lines[-1] if lines and cause is not error else " ".join(lines[:1])
+    if cause is not error:
+        # What the body raised, read where its traceback says it: the text's last line
+        # may be a note added to it since (the reference runner names the stage and
+        # partition in one), which said nothing of the error.
+        raised = raised_in_traceback(str(error))
+        if raised is not None:
+            message = raised[1]
     if is_oom_kill(error) and len(lines) > 1:
         reason = next((line for line in lines if line.startswith("OOM kill reason")), "")
         message = f"{message} {reason}".strip()
