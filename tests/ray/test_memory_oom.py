@@ -165,6 +165,10 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     (flagged,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_flagged())
     assert flagged["task_id"] == "0-1" and flagged["reason"] == "oom killed"
     assert flagged["node"] == node.name and flagged["worker"] == worker.name
+    # The summary says it too, where a failed task would otherwise look like any other.
+    out = subprocess.run([sys.executable, "-m", "tracer", "summary", str(oom["trace"]),
+                          "--engine", "reader"], capture_output=True, text=True, check=True)
+    assert "Killed by Ray's OOM killer: 1 of 'hog'; `tracer memory " in out.stdout, out.stdout
 
 
 def _process_of(model: Any, uuid: int) -> Any:

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         latency = q.latency_by_stage()
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
+        killed = {r["stage"]: r["oom_killed"] for r in records(q.memory_by_stage())
+                  if r["oom_killed"]}
         engine = q.engine
         warned = bool(q.warnings())
     if stages.empty and loop["count"].isna().all() and not warned:
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     style = Style.for_stream(sys.stdout)
-    print(render(args.trace, engine, info, stages, latency, loop, util, style))
+    print(render(args.trace, engine, info, stages, latency, loop, util, style, killed))
     return 0
 
 
@@ -131,7 +133,9 @@ def render(
     loop: pd.DataFrame,
     util: pd.DataFrame,
     style: Style,
+    oom_killed: dict[str, int] | None = None,
 ) -> str:
+    """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -155,6 +159,13 @@ def render(
             empty="(no tasks in this trace)",
         )
     )
+    if oom_killed:  # (among the failed: say so, its memory figures are elsewhere)
+        said = ", ".join(f"{n} of {name!r}" if len(name) <= 48 else f"{n} of {name[:45]!r}..."
+                         for name, n in oom_killed.items())
+        parts[-1] += (
+            f"\nKilled by Ray's OOM killer: {said}; `tracer memory {trace}` says where "
+            "and the memory they used"
+        )
     lat_rows = []
     for row in records(latency):
         out = {"stage_id": row["stage_id"], "stage": row["stage"], "tasks": row["tasks"]}
