@@ -160,6 +160,17 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
         # (counter times are kept to 0.1 ms: tracer.ray.timeline.memory.TIME_UNIT_NS)
         assert samples[-1].value == 0 and 0 <= mark.ts - samples[-1].ts < 100_000, samples[-3:]
         assert max(c.value for c in samples) > 0
+    # The node's memory counters count it until the kill: its request, and the memory its
+    # worker used (they had nothing of it: it has no execution).
+    used = [t.uuid for t in model.tracks.values()
+            if t.name == L.COUNTER_NODE_MEMORY_USED and t.parent_uuid == node.uuid]
+    requested = [t.uuid for t in model.tracks.values()
+                 if t.name == L.COUNTER_NODE_MEMORY_REQUESTED and t.parent_uuid == node.uuid]
+    assert used and requested
+    # (counters are kept in KiB)
+    assert max(c.value for c in model.counters if c.track_uuid == used[0]) >= (
+        killed[L.ARG_MEMORY_AT_KILL] - 1024)
+    assert max(c.value for c in model.counters if c.track_uuid == requested[0]) >= REQUEST
     # Where it ran, as the memory report says (both engines).
     from tracer.query import QueryConfig, TraceQuery, records
     (flagged,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_flagged())

@@ -148,6 +148,8 @@ class Failures:
             return
         if killed:
             timeline.workers_killed(node_id, killed, now)
+            if task is not None:
+                timeline.task_killed(task, node_id, now, at_kill)
         track = timeline.locate(node_id, pid) if node_id or pid else timeline.loop
         name = L.INSTANT_TASK_CANCELLED if status == L.STATUS_CANCELLED else L.INSTANT_TASK_FAILED
         timeline.mark(track, name, now, {L.ARG_TASK_ID: str(task_id), **err, **memory})

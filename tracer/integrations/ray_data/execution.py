@@ -378,6 +378,7 @@ class ExecutionTracer:
             args[L.ARG_WORKER_PID] = pid
         if killed:
             self._timeline.workers_killed(node_id, killed, now)
+            self._timeline.task_killed(task, node_id, now, at_kill)
         track = self._timeline.locate(node_id, pid) if node_id or pid else self._timeline.loop
         mark: dict[str, Any] = {L.ARG_TASK_ID: task.task_id, **data_error_args(error), **memory}
         self._timeline.mark(track, L.INSTANT_TASK_FAILED, now, mark)

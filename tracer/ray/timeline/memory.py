@@ -204,6 +204,13 @@ class MemoryTrace:
         pending.append((end, order + 1, heap0, _kib_or_none(m.get("rss_end"))))
         self._order = order + 2
 
+    def killed(self, node: Track, start: int, end: int, requested: int, used: int) -> None:
+        """A task Ray's OOM killer killed on that node: it held its request and ``used``
+        (its worker's memory at the kill) from ``start`` to the kill, on the node's
+        counters; it has no execution to put them there."""
+        if requested or used:
+            self._queue_node_steps(node, start, end, int(requested), int(used))
+
     def worker_gone(self, worker: Track, ts: int) -> None:
         """The worker process ended at ``ts`` (Ray's OOM killer): its counters drop to 0
         there, where they would have kept its last task's figures to the trace's end."""

@@ -593,6 +593,20 @@ class RunTimeline:
         """The track of a worker (or node) named by a failure: see :meth:`Nodes.locate`."""
         return self.nodes.locate(node_id, pid)
 
+    def task_killed(
+        self, task: TimelineTask, node_id: str | None, ts: int, used: int | None
+    ) -> None:
+        """Ray's OOM killer killed ``task`` on that node, seen at ``ts``, its worker having
+        used ``used`` (or at least that: see ``ARG_MEMORY_AT_KILL``): the node's memory
+        counters count its request and that use from its dispatch to the kill (where it
+        ran is not known closer), so the node's over-subscription shows where it died."""
+        if node_id is None:
+            return
+        node = self.nodes.node(node_id)
+        start = task.dispatch_ts if task.dispatch_ts is not None else ts
+        self.memory.killed(node.track, start, ts, int(task.request.memory_bytes or 0),
+                           int(used or 0))
+
     def workers_killed(self, node_id: str | None, pids: Iterable[int], ts: int) -> None:
         """Ray killed these workers of that node (its OOM report names them) by ``ts``:
         the memory counters of those the trace shows drop to 0 there."""
