@@ -37,9 +37,12 @@ Both give the task's metrics dict the same figures:
     memray's memory snapshots (every 10 ms: process RSS and the task's heap)
     as ``(time_ms, heap_bytes, rss_bytes)`` tuples, downsampled to at most
     :data:`MAX_SAMPLES` per task (each kept sample is the maximum of the ones
-    it replaces, so peaks survive).
+    it replaces, so peaks survive). memray reads the whole RSS: the task's
+    end takes the shared memory out (``task_metrics._finish``), as from
+    level 1's figures.
 ``rss_peak``
-    the largest RSS among the snapshots (merged with level 1's estimate).
+    the largest RSS among the snapshots (merged with level 1's estimate, the
+    shared memory taken out the same way).
 ``heap_peak_at_ns``
     when the heap peak was reached (epoch ns), only when no snapshot shows
     it: a peak held for less than memray's 10 ms falls between two snapshots,

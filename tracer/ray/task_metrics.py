@@ -106,22 +106,46 @@ class TaskContext:
 
 
 def current_rss() -> int:
-    """This process's resident set size in bytes (cheap: one small /proc read).
+    """This process's private resident memory in bytes: its RSS without shared pages.
+
+    What tracer calls a worker's RSS (``rss_start``, ``rss_end``, ``rss_peak``):
+    see :func:`rss_and_shared`.
+    """
+    return rss_and_shared()[0]
+
+
+def rss_and_shared() -> tuple[int, int]:
+    """This process's resident memory in bytes, split: (private, shared).
+
+    One read of ``/proc/self/statm``: its ``resident`` minus its ``shared``
+    (the resident pages that map a file or shared memory: Linux's RssFile and
+    RssShmem), which leaves RssAnon, the process's own memory, as private.
+    The shared part is what a Ray worker must not be charged for: the object
+    store's pages it mapped (its tasks' return values written to plasma, the
+    arguments it read zero-copy) stay in its RSS, so a worker's RSS grew with
+    every task it ran (identical tasks returning ~200 MB each: RSS peaks of
+    342, 575, 795, 1015 MiB in turn, RssAnon flat), and with the pages of
+    the libraries it loaded (~65 MiB in a Ray worker). RSS minus shared is
+    how Ray's docs define a worker's memory (the object store's memory
+    is reported as shared with every worker: not subtracting it counts it
+    twice), and close to the private memory Ray's OOM killer measures.
 
     The file stays open and is re-read from offset 0 (the kernel renders it
     afresh): ~0.8 µs, where opening it each time took ~4 µs, twice per task.
     A forked child opens its own (:func:`_forked`): the parent's descriptor
-    reads the parent.
+    reads the parent. On a failed read: the lifetime peak RSS, nothing shared.
     """
     global _STATM
     try:
         fd = _STATM
         if fd is None:
             _STATM = fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-        return int(os.pread(fd, 64, 0).split()[1]) * _PAGE
+        fields = os.pread(fd, 64, 0).split()
+        shared = int(fields[2]) * _PAGE
+        return int(fields[1]) * _PAGE - shared, shared
     except (OSError, ValueError, IndexError):
         _STATM = None  # reopened next time (the descriptor may have been closed under us)
-        return peak_rss()
+        return peak_rss(), 0
 
 
 #: The descriptor of this process's open /proc/self/statm.
@@ -129,7 +153,8 @@ _STATM: int | None = None
 
 
 def peak_rss() -> int:
-    """This process's lifetime peak RSS in bytes.
+    """This process's lifetime peak RSS in bytes, shared pages included (the kernel's
+    high-water mark; :func:`_finish` takes them out).
 
     ``RUSAGE_THREAD`` rather than ``RUSAGE_SELF``: Linux reports the same
     peak for both (the process's memory high-water mark, its threads share
@@ -311,7 +336,7 @@ def measure_task(
     attempt Ray may retry, whose error the driver will never see); the
     exception propagates unchanged.
     """
-    metrics, peak_before = _start(ctx)
+    metrics, before = _start(ctx)
     memory = _memory_tracker(ctx, metrics)
     metrics["start_ns"] = time.time_ns()
     token = _CURRENT.set(metrics)
@@ -319,17 +344,23 @@ def measure_task(
         with memory:
             yield metrics
     except BaseException as exc:
-        _failed(metrics, peak_before, exc)
+        _failed(metrics, before, exc)
         _deliver(sink if sink is not None else failure_sink, metrics)
         raise
     finally:
         _CURRENT.reset(token)
-    _finish(metrics, peak_before)
+    _finish(metrics, before)
     _deliver(sink, metrics)
 
 
-def _start(ctx: TaskContext) -> tuple[Metrics, int]:
-    """The measurements at a task's start, and the process's peak RSS before it.
+#: What :func:`_finish` needs of a task's start: the process's peak RSS (the
+#: kernel's high-water mark, shared pages included) and its shared memory then.
+_Before = tuple[int, int]
+
+
+def _start(ctx: TaskContext) -> tuple[Metrics, _Before]:
+    """The measurements at a task's start, and the process's peak RSS and shared
+    memory before it (for :func:`_finish`).
 
     ``task_id`` is there only when the task knows it: a traced call leaves it
     (and the stage id) to the driver, which knows which task it submitted.
@@ -341,32 +372,68 @@ def _start(ctx: TaskContext) -> tuple[Metrics, int]:
     if ctx.stage_id is not None:
         metrics["stage_id"] = ctx.stage_id
     peak_before = peak_rss()
-    metrics["rss_start"] = current_rss()
-    return metrics, peak_before
+    metrics["rss_start"], shared = rss_and_shared()
+    return metrics, (peak_before, shared)
 
 
-def _failed(metrics: Metrics, peak_before: int, exc: BaseException) -> None:
+def _failed(metrics: Metrics, before: _Before, exc: BaseException) -> None:
     """Complete the measurements of a body that raised, and attach them to its exception."""
-    _finish(metrics, peak_before)
+    _finish(metrics, before)
     metrics["error_type"] = type(exc).__name__
     metrics["error"] = str(exc)[:500]
     with contextlib.suppress(Exception):
         exc.__tracer_metrics__ = metrics  # type: ignore[attr-defined]
 
 
-def _finish(metrics: Metrics, peak_before: int) -> None:
+def _finish(metrics: Metrics, before: _Before) -> None:
+    """Complete a task's memory figures: ``rss_end``, ``rss_peak``, all without shared pages.
+
+    ``rss_start`` and ``rss_end`` are read as such (:func:`rss_and_shared`).
+    The peak cannot be: the kernel keeps one high-water mark of the whole RSS
+    (``ru_maxrss``), shared pages included, and reading the private memory
+    continuously would cost a thread. It is the process's lifetime mark:
+    when it rose during the task, the task set it, at some moment when the
+    RSS was ``private + shared`` then; otherwise the task's peak is taken as
+    at least what was seen at its start and end (level 2 measures the real
+    peak with memray). Shared memory changes little while a body runs (the
+    object store's pages of its return value are mapped after the body
+    returned, those of its arguments as it reads them): so the mark minus the
+    larger of the shared memory at the start and at the end is the private
+    memory at that moment, or less, whenever the shared memory only grew (or
+    only shrank) during the task. Never more: an honest lower bound of the
+    task's private peak, from the same reads per task as before. Without
+    the subtraction, identical tasks of one worker had a peak growing by the
+    return value's size per task (the object store's pages of the returns
+    before); subtracting the shared memory at the start instead would
+    overstate a task whose arguments' pages were mapped as it ran.
+
+    Resetting the mark at each task's start (writing 5 to
+    ``/proc/self/clear_refs``) would let a task's own peak show even below an
+    earlier task's; it is one more system call per task, and a write to the
+    process's state that others may read, so it is not done.
+
+    Level 2's memray snapshots (``rss_peak`` so far and ``memory_samples``)
+    read the whole RSS too (memray's ``/proc/self/statm`` resident): they get
+    the same shared memory taken out, so a worker's RSS counter (its task's
+    start and end, memray's samples in between) is one quantity throughout.
+    """
+    peak_before, shared_start = before
     metrics.setdefault("end_ns", time.time_ns())
-    rss_end = current_rss()
+    rss_end, shared = rss_and_shared()
     metrics["rss_end"] = rss_end
     peak_after = peak_rss()
-    # ru_maxrss is the process's lifetime high-water mark: when it rose during
-    # the task, the task set it; otherwise the task's peak is at least what we
-    # saw at its start and end (level 2 measures the real peak with memray).
+    if shared < shared_start:
+        shared = shared_start
     peak = max(metrics["rss_start"], rss_end)
     if peak_after > peak_before:
-        peak = max(peak, peak_after)
-    # Level 2 may have seen a higher RSS in memray's 10 ms snapshots.
-    metrics["rss_peak"] = max(peak, int(metrics.get("rss_peak") or 0))
+        peak = max(peak, peak_after - shared)
+    seen = metrics.get("rss_peak")
+    if seen:  # level 2: memray's 10 ms snapshots, the whole RSS
+        peak = max(peak, int(seen) - shared)
+        samples = metrics.get("memory_samples")
+        if samples:
+            metrics["memory_samples"] = [(t, h, max(r - shared, 0)) for t, h, r in samples]
+    metrics["rss_peak"] = peak
 
 
 def _deliver(sink: Callable[[Metrics], None] | None, metrics: Metrics) -> None:
@@ -519,13 +586,15 @@ def run_reported_to_ray(fn: Callable[..., Any], ctx: TaskContext, args: Any, kwa
     """
     event = _profile_event()
     peak_before = peak_rss()
-    metrics: Metrics = {"rss_start": current_rss(), "start_ns": time.time_ns()}
+    rss_start, shared_start = rss_and_shared()
+    before = (peak_before, shared_start)
+    metrics: Metrics = {"rss_start": rss_start, "start_ns": time.time_ns()}
     token = _CURRENT.set(metrics)
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
         metrics.update(_where(), pid=_PID)
-        _failed(metrics, peak_before, exc)
+        _failed(metrics, before, exc)
         if event is not None:
             with contextlib.suppress(Exception):
                 event.set_extra_data(pack_failure(metrics))
@@ -535,7 +604,7 @@ def run_reported_to_ray(fn: Callable[..., Any], ctx: TaskContext, args: Any, kwa
     finally:
         _CURRENT.reset(token)
     if event is not None:
-        _finish(metrics, peak_before)
+        _finish(metrics, before)
         with contextlib.suppress(Exception):
             event.set_extra_data(
                 pack_rss(metrics["rss_start"], metrics["rss_end"], metrics["rss_peak"])
@@ -565,17 +634,17 @@ def run_traced(
         with measure_task(ctx, failure_sink=failure_sink) as metrics:
             result = fn(*args, **kwargs)
     else:
-        metrics, peak_before = _start(ctx)
+        metrics, before = _start(ctx)
         metrics["start_ns"] = time.time_ns()
         token = _CURRENT.set(metrics)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _failed(metrics, peak_before, exc)
+            _failed(metrics, before, exc)
             raise
         finally:
             _CURRENT.reset(token)
-        _finish(metrics, peak_before)
+        _finish(metrics, before)
     packed = pack_metrics(metrics)
     if num_returns == 1:
         return result, packed
