@@ -9,7 +9,7 @@ A level-1 ``tracer.runner.Pipeline`` run of no-op tasks, in a Ray started
 here whose workers time, from a ``worker_process_setup_hook``, the level-1
 measurement around each task's body (``task_metrics.run_traced``) and its
 parts: where the task runs (``_where``: Ray's core worker), the RSS reads
-(``current_rss`` and ``peak_rss``, two of each) and packing the return value
+(``rss_and_shared`` and ``peak_rss``, two of each) and packing the return value
 (``pack_metrics``). Wall time inside the worker, which for a no-op task is
 its CPU, per task, printed per worker.
 
@@ -52,6 +52,7 @@ def _timing_hook() -> None:
 
     tm._where = timed(tm._where, "_where")
     tm.current_rss = timed(tm.current_rss, "rss reads")
+    tm.rss_and_shared = timed(tm.rss_and_shared, "rss reads")  # what tasks read since 33c9c35
     tm.peak_rss = timed(tm.peak_rss, "rss reads")
     tm.pack_metrics = timed(tm.pack_metrics, "pack_metrics")
     real = tm.run_traced

@@ -102,7 +102,7 @@ def test_level_1_peaks_are_rss(tmp_path: Path) -> None:
     path = B.write([("map", 4 * MIB, 16 * MIB)], tmp_path / "l1.perfetto-trace", level=1)
     (row,) = suggestions(path).values()
     assert row["peak_basis"] == "rss" and row["peak_max_bytes"] == 16 * MIB + B.WORKER_BASELINE
-    assert "level-1 peaks are worker RSS" in row["note"]
+    assert "level-1 peaks are the worker's private RSS" in row["note"]
 
 
 def test_both_engines_suggest_the_same(known: Path, trace_processor_bin: str) -> None:

@@ -20,10 +20,11 @@ both engines give the same suggestions. The rule, per stage:
 
 What a peak is decides what the suggestion means: at level 2 memray's heap
 peak of the task (what the task itself allocated, without the worker's own
-~100 MiB), at level 1 the worker's RSS peak, or its USS peak where the engine
-measured one (Ray Data); both include that baseline, so the suggestion is too
-high by about that much. ``peak_basis`` says which
-(``"heap"``, ``"rss"``, or ``"at kill"`` when the largest is a killed task's).
+memory), at level 1 the worker's private RSS peak (~60 MiB of its own in a Ray
+worker), or its USS peak where the engine measured one (Ray Data, ~100 MiB);
+both include that baseline, so the suggestion is too high by about that much.
+``peak_basis`` says which (``"heap"``, ``"rss"``, or ``"at kill"`` when the
+largest is a killed task's).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def _suggest(
         )
     if basis == "rss":
         notes.append(
-            "level-1 peaks are worker RSS (or USS), including the worker's own ~100 MiB")
+            "level-1 peaks are the worker's private RSS (or USS), including its own "
+            "~60-100 MiB")
     suggested = change = ratio = per_node = per_node_now = None
     if peak is None:
         notes.insert(0, "no measured task: nothing to suggest from")
