@@ -35,6 +35,7 @@ class DecodedCounters:
     samples: dict[int, list[tuple[int, int]]]  # uuid -> [(ts ns, value in the track's unit)]
     packet_sizes: dict[int, list[int]]  # sequence id -> [bytes of each counter packet, framed]
     values_written: dict[int, int]  # sequence id -> counter values carried
+    packet_values: dict[int, list[int]]  # sequence id -> [values each counter packet carries]
     names: dict[int, str]  # counter uuid -> name
     parents: dict[int, int]  # counter uuid -> parent uuid
 
@@ -50,7 +51,7 @@ def decode_counters(path: str | Path) -> DecodedCounters:
             packets.append(outer)
     seqs: dict[int, _Seq] = {}
     multiplier: dict[int, int] = {}
-    out = DecodedCounters({}, {}, {}, {}, {})
+    out = DecodedCounters({}, {}, {}, {}, {}, {})
     for pkt in packets:
         sid = pkt.trusted_packet_sequence_id
         seq = seqs.setdefault(sid, _Seq())
@@ -94,6 +95,7 @@ def decode_counters(path: str | Path) -> DecodedCounters:
             assert extra_uuid in multiplier, "extra counter before its descriptor"
             out.samples.setdefault(extra_uuid, []).append((ts, value * multiplier[extra_uuid]))
         out.packet_sizes.setdefault(sid, []).append(pkt.ByteSize() + 2)
+        out.packet_values.setdefault(sid, []).append(1 + len(event.extra_counter_values))
         out.values_written[sid] = (
             out.values_written.get(sid, 0) + 1 + len(event.extra_counter_values)
         )

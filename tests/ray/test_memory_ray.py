@@ -272,11 +272,17 @@ def test_node_counters(rt: RunnerTrace, counters: DecodedCounters) -> None:
 
 def test_sizes(rt: RunnerTrace, counters: DecodedCounters, tmp_path: Path) -> None:
     # Memory counters: ~9 bytes per value when a packet carries both tracks of a
-    # pair, ~15 when it carries one; on average at most 12.
+    # pair (17.4 measured), ~15 when it carries one (15.5), each kind checked on its own.
+    # (Their mix follows the run, how often heap and RSS change together, not the
+    # encoding: on average 11.3-11.9 bytes a value, 12.1 once on a loaded machine.)
     memory_sequences = [sid for sid in counters.packet_sizes if sid != 1]
-    total = sum(sum(counters.packet_sizes[sid]) for sid in memory_sequences)
-    values = sum(counters.values_written[sid] for sid in memory_sequences)
-    assert total / values <= 12, (total, values)
+    by_kind: dict[int, list[int]] = {}
+    for sid in memory_sequences:
+        for size, n in zip(counters.packet_sizes[sid], counters.packet_values[sid], strict=True):
+            by_kind.setdefault(n, []).append(size)
+    assert set(by_kind) == {1, 2}, by_kind.keys()
+    assert sum(by_kind[2]) / len(by_kind[2]) <= 19, by_kind[2]  # 9.5 bytes a value
+    assert sum(by_kind[1]) / len(by_kind[1]) <= 16.5, by_kind[1]
     assert max(size for sid in memory_sequences for size in counters.packet_sizes[sid]) <= 21
     costs = [_annotation_bytes({k: v for k, v in e.args.items() if k in MEMORY_ARGS}, tmp_path)
              for e in rt.executions]
