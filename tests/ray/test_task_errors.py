@@ -72,6 +72,12 @@ class OutOfMemoryError(Exception):
     """Ray's, as task_errors tells it: by class name."""
 
 
+def gb(amount: float) -> int:
+    """Ray's "GB" in its reports, in bytes: GiB (a report says "23.54GB limit" and
+    "25276194816B limit" of one node)."""
+    return int(amount * (1 << 30))
+
+
 _NODE_ID = "090fd2f5bdd1f837bd4d4fbea4d95942d44ede2dd164760b006a0bdd"
 #: Ray 2.50's report: one worker, the task's.
 _OOM_250 = (
@@ -105,21 +111,21 @@ def _oom_260(*workers: tuple[int, str], actors: tuple[tuple[int, str], ...] = ()
 
 
 @pytest.mark.parametrize(("text", "pid", "at_kill", "killed"), [
-    (_OOM_250, 11362, 1_250_000_000, {11362: 1_250_000_000}),
-    (_oom_260((25292, "0.50GB")), 25292, 500_000_000, {25292: 500_000_000}),
+    (_OOM_250, 11362, gb(1.25), {11362: gb(1.25)}),
+    (_oom_260((25292, "0.50GB")), 25292, gb(0.5), {25292: gb(0.5)}),
     # Several killed at once: each task gets this same text, which does not say which
     # worker ran it. No pid (not the first worker's for all), and the least memory of
     # theirs (the task's worker used at least that), not the first worker's.
-    (_oom_260((25292, "0.50GB"), (25291, "0.53GB")), 0, 500_000_000,
-     {25292: 500_000_000, 25291: 530_000_000}),
-    (_oom_260((7, "0.90GB"), (8, "0.25GB"), (9, "0.60GB")), 0, 250_000_000,
-     {7: 900_000_000, 8: 250_000_000, 9: 600_000_000}),
+    (_oom_260((25292, "0.50GB"), (25291, "0.53GB")), 0, gb(0.5),
+     {25292: gb(0.5), 25291: gb(0.53)}),
+    (_oom_260((7, "0.90GB"), (8, "0.25GB"), (9, "0.60GB")), 0, gb(0.25),
+     {7: gb(0.9), 8: gb(0.25), 9: gb(0.6)}),
     # Actors killed with it (Ray Data's stats actor, tracer's metrics actor) ran no task:
     # one task worker named is the task's, several are its candidates.
     (_oom_260((25292, "0.67GB"), actors=((27551, "0.06GB"), (27464, "0.10GB"))), 25292,
-     670_000_000, {25292: 670_000_000, 27551: 60_000_000, 27464: 100_000_000}),
-    (_oom_260((5, "0.67GB"), (6, "0.26GB"), actors=((27551, "0.06GB"),)), 0, 260_000_000,
-     {5: 670_000_000, 6: 260_000_000, 27551: 60_000_000}),
+     gb(0.67), {25292: gb(0.67), 27551: gb(0.06), 27464: gb(0.1)}),
+    (_oom_260((5, "0.67GB"), (6, "0.26GB"), actors=((27551, "0.06GB"),)), 0, gb(0.26),
+     {5: gb(0.67), 6: gb(0.26), 27551: gb(0.06)}),
 ])
 def test_an_oom_report_says_where_only_what_it_knows(
     text: str, pid: int, at_kill: int, killed: dict[int, int]

@@ -74,8 +74,9 @@ _SELECTED_RE = re.compile(
     r"Selected to kill: \((Task|Actor)\b[^\n]*?pid=(\d+), (?:actual )?memory used="
     r"([0-9.]+)\s*([KMGT]?B)"
 )
-#: Ray prints GB as 10**9 bytes (with two decimals: 0.50GB is 500 MB +- 5 MB).
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+#: Ray's "GB" are GiB: one report reads "23.54GB limit" and "25276194816B limit" for the
+#: same node. Two decimals: 0.50GB is 512 MiB +- 5 MiB.
+_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
 def _killed(error: BaseException) -> list[tuple[str, int, int]]:
