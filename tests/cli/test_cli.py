@@ -180,6 +180,8 @@ def test_summary_of_a_trace_that_is_not_a_runners(tmp_path: Path) -> None:
     result = tracer("summary", path)
     assert result.returncode == 0, result.stderr
     assert "was it written by tracer.ray?" in result.stderr
+    # A converted Ray timeline is such a trace: what to do with it instead.
+    assert "`tracer convert` has Ray's tasks and phases only: `tracer open`" in result.stderr
     memory = tracer("memory", path)  # no tasks is not "every task stayed within its request"
     assert memory.returncode == 0, memory.stderr
     assert "was it written by tracer.ray?" in memory.stderr

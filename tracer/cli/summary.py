@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         engine = q.engine
         warned = bool(q.warnings())
     if stages.empty and loop["count"].isna().all() and not warned:
-        warn(f"{args.trace} has no tasks and no dispatch loop: was it written by tracer.ray?")
+        warn(f"{args.trace} has no tasks and no dispatch loop: was it written by tracer.ray? "
+             "(a Ray timeline made by `tracer convert` has Ray's tasks and phases only: "
+             "`tracer open` shows them, `tracer query` answers SQL on them)")
     if args.json:
         print_json(
             {
