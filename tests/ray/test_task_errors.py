@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tracer.ray import layout as L
 from tracer.ray.task_errors import (
     exception_message,
     exceptions_in_traceback,
+    kill_args,
     killed_workers,
     memory_at_kill,
     raised_in_traceback,
@@ -134,6 +136,15 @@ def test_an_oom_report_says_where_only_what_it_knows(
     assert where_from_error(error) == (_NODE_ID, pid)
     assert memory_at_kill(error) == at_kill
     assert killed_workers(error) == killed
+    # What a killed task's slice says: the workers it may have run in, when not one.
+    args = kill_args(error)
+    assert args[L.ARG_MEMORY_AT_KILL] == at_kill
+    if pid:
+        assert L.ARG_OOM_KILLED_WORKERS not in args
+    else:
+        named = {int(p): used for p, used in args[L.ARG_OOM_KILLED_WORKERS].items()}
+        assert len(named) > 1 and min(named.values()) == at_kill
+        assert named.items() <= killed.items()
 
 
 def test_only_an_oom_kill_names_killed_workers() -> None:

@@ -33,10 +33,9 @@ from tracer.ray.return_channel import ReturnChannel, measured_itself, ray_task_i
 from tracer.ray.runner_task import RunnerTask
 from tracer.ray.task_errors import (
     error_args,
+    kill_args,
     killed_workers,
-    memory_at_kill,
     metrics_from_error,
-    oom_candidates,
     root_cause,
     where_from_error,
 )
@@ -124,13 +123,8 @@ class Failures:
         memory: dict[str, Any] = {}
         if task is not None:
             memory[L.ARG_MEMORY_REQUESTED] = int(task.request.memory_bytes or 0)
-        at_kill = memory_at_kill(error)
-        if at_kill:
-            memory[L.ARG_MEMORY_AT_KILL] = at_kill
+        memory.update(kill_args(error))
         killed = killed_workers(error) if metrics is None else {}
-        candidates = oom_candidates(error) if killed else {}
-        if len(candidates) > 1:  # which of them ran this task, Ray's report does not say
-            memory[L.ARG_OOM_KILLED_WORKERS] = {str(p): b for p, b in candidates.items()}
         attempts: dict[str, Any] = {}
         if metrics is not None and metrics.get("attempt"):
             attempts = self.attempt_args(task_id, metrics)
@@ -149,7 +143,7 @@ class Failures:
         if killed:
             timeline.workers_killed(node_id, killed, now)
             if task is not None:
-                timeline.task_killed(task, node_id, now, at_kill)
+                timeline.task_killed(task, node_id, now, memory.get(L.ARG_MEMORY_AT_KILL))
         track = timeline.locate(node_id, pid) if node_id or pid else timeline.loop
         name = L.INSTANT_TASK_CANCELLED if status == L.STATUS_CANCELLED else L.INSTANT_TASK_FAILED
         timeline.mark(track, name, now, {L.ARG_TASK_ID: str(task_id), **err, **memory})

@@ -11,6 +11,7 @@ Errors are told apart by class name, so this module needs no Ray import.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from tracer.ray import layout as L
 from tracer.ray.task_metrics import Metrics
@@ -21,6 +22,7 @@ __all__ = [
     "exception_message",
     "exceptions_in_traceback",
     "is_oom_kill",
+    "kill_args",
     "killed_workers",
     "memory_at_kill",
     "metrics_from_error",
@@ -104,6 +106,21 @@ def oom_candidates(error: BaseException) -> dict[int, int]:
     killed = _killed(error)
     tasks = {pid: used for kind, pid, used in killed if kind == "Task"}
     return tasks or {pid: used for _, pid, used in killed}
+
+
+def kill_args(error: BaseException) -> dict[str, Any]:
+    """A task's annotations from Ray's OOM report (none for another error): the memory
+    its worker used at the kill, and the workers it may have run in when the report
+    names several (``layout.ARG_OOM_KILLED_WORKERS``). What every producer writes on a
+    killed task's slice and its mark."""
+    args: dict[str, Any] = {}
+    at_kill = memory_at_kill(error)
+    if at_kill:
+        args[L.ARG_MEMORY_AT_KILL] = at_kill
+    candidates = oom_candidates(error)
+    if len(candidates) > 1:  # which of them ran this task, Ray's report does not say
+        args[L.ARG_OOM_KILLED_WORKERS] = {str(p): b for p, b in candidates.items()}
+    return args
 
 
 def memory_at_kill(error: BaseException) -> int | None:

@@ -72,9 +72,8 @@ from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
 from tracer.ray.task_errors import (
     exception_message,
+    kill_args,
     killed_workers,
-    memory_at_kill,
-    oom_candidates,
     root_cause,
     where_from_error,
 )
@@ -363,14 +362,8 @@ class ExecutionTracer:
         task.expects_measurements = False
         task.killed = True  # marked here; Ray's events of it would say no more
         node_id, pid = where_from_error(error)
-        at_kill = memory_at_kill(error)
+        memory = kill_args(error)
         killed = killed_workers(error)
-        memory: dict[str, Any] = {}
-        if at_kill:
-            memory[L.ARG_MEMORY_AT_KILL] = at_kill
-        candidates = oom_candidates(error) if killed else {}
-        if len(candidates) > 1:  # which of them ran this task, Ray's report does not say
-            memory[L.ARG_OOM_KILLED_WORKERS] = {str(p): b for p, b in candidates.items()}
         args.update(memory)
         if node_id:
             args[L.ARG_NODE_ID] = node_id
@@ -378,7 +371,7 @@ class ExecutionTracer:
             args[L.ARG_WORKER_PID] = pid
         if killed:
             self._timeline.workers_killed(node_id, killed, now)
-            self._timeline.task_killed(task, node_id, now, at_kill)
+            self._timeline.task_killed(task, node_id, now, memory.get(L.ARG_MEMORY_AT_KILL))
         track = self._timeline.locate(node_id, pid) if node_id or pid else self._timeline.loop
         mark: dict[str, Any] = {L.ARG_TASK_ID: task.task_id, **data_error_args(error), **memory}
         self._timeline.mark(track, L.INSTANT_TASK_FAILED, now, mark)
