@@ -24,6 +24,7 @@ __all__ = [
     "fmt_bytes",
     "fmt_count",
     "fmt_dur",
+    "fmt_name",
     "fmt_share",
     "name_column",
     "print_json",
@@ -131,6 +132,11 @@ def fmt_text(x: Any, style: Style) -> str:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def fmt_name(name: Any, style: Style) -> str:
+    """A name as a table's name column shows it (:func:`name_column`), for a sentence."""
+    return _cell(fmt_text(name, style), NAME_WIDTH, style)
 
 
 def _cell(text: str, limit: int | None, style: Style) -> str:

@@ -13,6 +13,7 @@ from tracer.cli._output import (
     fmt_bytes,
     fmt_count,
     fmt_dur,
+    fmt_name,
     fmt_share,
     name_column,
     print_json,
@@ -57,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
         latency = q.latency_by_stage()
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
-        killed = {r["stage"]: r["oom_killed"] for r in records(q.memory_by_stage())
-                  if r["oom_killed"]}
+        killed = [(r["stage"], r["oom_killed"]) for r in records(q.memory_by_stage())
+                  if r["oom_killed"]]
         engine = q.engine
         warned = bool(q.warnings())
     if stages.empty and loop["count"].isna().all() and not warned:
@@ -135,7 +136,7 @@ def render(
     loop: pd.DataFrame,
     util: pd.DataFrame,
     style: Style,
-    oom_killed: dict[str, int] | None = None,
+    oom_killed: list[tuple[str, int]] | None = None,
 ) -> str:
     """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage."""
     parts = [_header(trace, engine, info, style)]
@@ -162,8 +163,7 @@ def render(
         )
     )
     if oom_killed:  # (among the failed: say so, its memory figures are elsewhere)
-        said = ", ".join(f"{n} of {name!r}" if len(name) <= 48 else f"{n} of {name[:45]!r}..."
-                         for name, n in oom_killed.items())
+        said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in oom_killed)
         parts[-1] += (
             f"\nKilled by Ray's OOM killer: {said}; `tracer memory {trace}` says where "
             "and the memory they used"

@@ -224,8 +224,7 @@ def latency_rows(rows: TraceRows) -> Latency:
             started = finished = m_requested = peak = source = m_status = None
             m_id = None
             # A task with no execution (Ray killed its worker): where its mark is.
-            node, worker = marks.get((task_id, received), (None, None)) if marks else (
-                None, None)
+            node, worker = marks.get((task_id, received), (None, None))
         else:
             m_id, started, e_task_id, _, finished, m_requested, peak, source, m_status, node, \
                 worker = m

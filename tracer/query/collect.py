@@ -69,9 +69,9 @@ _LOOP_NAMES = frozenset((L.SLICE_EXECUTION, L.SLICE_WAVE, *PHASES))
 _PHASE_NAMES = frozenset(PHASES)
 #: A node's track: its name starts so (tracer_tables.sql's GLOB 'Node *').
 _NODE_PREFIX = L.NODE_PROCESS_PREFIX + " "
-#: Ray's states (tracer_tables.sql's tracer_ray_state).
 #: Where a task with no execution stopped (tracer_tables.sql's tracer_mark).
 _MARK_NAMES = frozenset((L.INSTANT_TASK_FAILED, L.INSTANT_TASK_CANCELLED))
+#: Ray's states (tracer_tables.sql's tracer_ray_state).
 _STATE_NAMES = frozenset((L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED,
                           L.STATE_RUNNING, L.STATE_FINISHED, L.STATE_FAILED))
 
