@@ -5,16 +5,27 @@ the binary the perfetto package caches after its first download
 (``~/.local/share/perfetto/prebuilts``), then ``trace_processor_shell`` on
 ``PATH``. tracer never lets the perfetto package download one: on machines
 without internet that download fails slowly and unclearly.
+
+tracer starts the binary itself, as the HTTP server the perfetto package would
+start, and hands the package its address: the package asks a server it started
+whether it is up once a second, so that every start took a second (a server is up
+in ~20 ms), the most of what a ``tracer query`` or ``tracer summary`` took.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import platform
 import shutil
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tracer.query.errors import TraceProcessorError, TraceProcessorNotFoundError
 
@@ -35,6 +46,13 @@ _WITHOUT_IT = (
 )
 
 NOT_FOUND_HELP = f"set {ENV_VAR} to a trace_processor_shell binary ({_GET_ONE}); {_WITHOUT_IT}"
+
+#: What to do about a binary that does not start.
+START_HELP = (
+    f"point {ENV_VAR} (or --trace-processor) at a working trace_processor_shell binary "
+    f"({_GET_ONE})"
+)
+
 
 
 def _executable(path: Path) -> bool:
@@ -101,62 +119,144 @@ def find_trace_processor(explicit: str | os.PathLike[str] | None = None) -> str:
 
 def start_trace_processor(trace: Path, bin_path: str, *, load_timeout: float = 30,
                           verbose: bool = False) -> Any:
-    """Start trace_processor on ``trace``; :class:`TraceProcessorError` if it fails."""
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+    """Start trace_processor on ``trace``; :class:`TraceProcessorError` if it fails.
 
-    config = TraceProcessorConfig(
-        bin_path=bin_path, load_timeout=max(1, int(load_timeout)), verbose=verbose
-    )
+    What it returns is the perfetto package's ``TraceProcessor``, connected to a
+    server of its own: closing it stops that server.
+    """
+    server = _Server.start(bin_path, load_timeout, verbose)
     try:
-        return TraceProcessor(trace=str(trace), config=config)
+        return _owned_processor_class()(str(trace), server)
     except Exception as exc:
-        if _failed_to_start(exc, bin_path):
-            # The binary starts as a server before it is given the trace: the trace
-            # has nothing to do with this, the binary does.
-            said = _its_words(exc)
-            raise TraceProcessorError(
-                f"trace_processor ({bin_path}) failed to start"
-                f"{f' ({said})' if said else ''}: {START_HELP}"
-            ) from exc
+        server.stop()
         raise TraceProcessorError(
             f"trace_processor ({bin_path}) could not load {trace}: {one_line(exc).rstrip('.')}"
         ) from exc
 
 
-#: What to do about a binary that does not start.
-START_HELP = (
-    f"point {ENV_VAR} (or --trace-processor) at a working trace_processor_shell binary "
-    f"({_GET_ONE})"
-)
+class _Server:
+    """trace_processor_shell as an HTTP server on 127.0.0.1, started and stopped by tracer.
 
-
-def _failed_to_start(exc: BaseException, bin_path: str) -> bool:
-    """Whether ``exc`` is the binary not starting (rather than it failing on the trace).
-
-    The perfetto package starts trace_processor as an HTTP server, without the trace,
-    and says "Trace processor failed to start" when it exits or never answers; a file
-    the system cannot run (another architecture, no shebang) fails in Popen with an
-    OSError naming it.
+    Started as the perfetto package starts it (``-D --http-port PORT
+    --no-ftrace-raw``, in a session of its own), on a port the system had free a
+    moment before: the package's way, and its small race with another program
+    taking that port in between.
     """
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return str(exc.filename) == str(bin_path)
-    return "failed to start" in str(exc).lower()
+
+    def __init__(self, process: subprocess.Popen[bytes], address: str,
+                 stderr: IO[bytes] | None) -> None:
+        self.process = process
+        self.address = address
+        self._stderr = stderr
+
+    @classmethod
+    def start(cls, bin_path: str, load_timeout: float, verbose: bool) -> _Server:
+        """A server that answers; :class:`TraceProcessorError` (the binary's fault) if none."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        # Kept as long as the server runs (what it said if it stops), closed by stop().
+        stderr = None if verbose else tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            process = subprocess.Popen(
+                [bin_path, "-D", "--http-port", str(port), "--no-ftrace-raw"],
+                stdin=subprocess.DEVNULL, stdout=None if verbose else subprocess.DEVNULL,
+                stderr=stderr, start_new_session=True,
+            )
+        except OSError as exc:
+            if stderr is not None:
+                stderr.close()
+            raise _failed(bin_path, exc.strerror or "") from exc
+        server = cls(process, f"127.0.0.1:{port}", stderr)
+        server._wait_until_up(bin_path, load_timeout)
+        return server
+
+    def _wait_until_up(self, bin_path: str, load_timeout: float) -> None:
+        # Not at import: `tracer --help` does not need them (~25 ms).
+        import http.client
+        import urllib.request
+
+        deadline = time.monotonic() + max(1.0, load_timeout)
+        pause = 0.005
+        while True:
+            if self.process.poll() is not None:
+                said = self._said()
+                self.stop()
+                raise _failed(bin_path, said)
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/status", timeout=5) as r:
+                    r.read()
+                return
+            except (OSError, http.client.HTTPException):  # urllib's URLError is an OSError
+                pass
+            if time.monotonic() > deadline:
+                said = self._said() or f"no answer on {self.address} within {load_timeout:g} s"
+                self.stop()
+                raise _failed(bin_path, said)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def _said(self) -> str:
+        """The first line the binary wrote on stderr (when it was kept), at most 200 characters."""
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        text = self._stderr.read(64 << 10).decode("utf-8", "replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            return ""
+        return lines[0] if len(lines[0]) <= 200 else lines[0][:200] + "..."
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s); calling it again does nothing."""
+        process = self.process
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
 
-def _its_words(exc: BaseException) -> str:
-    """What the binary printed on stderr (the perfetto package's message carries it), or
-    the system's reason it could not run; '' when there is nothing."""
-    if isinstance(exc, OSError):
-        return exc.strerror or ""
-    text = str(exc)
-    _, sep, rest = text.partition("stderr:")
-    if not sep:
-        return ""
-    lines = [line.strip() for line in rest.splitlines() if line.strip()]
-    if not lines or lines[0].startswith("If this is a slow machine"):
-        return ""
-    said = lines[0]
-    return said if len(said) <= 200 else said[:200] + "..."
+def _failed(bin_path: str, said: str) -> TraceProcessorError:
+    """The binary did not start (it starts as a server before it is given the trace: the
+    trace has nothing to do with this, the binary does)."""
+    return TraceProcessorError(
+        f"trace_processor ({bin_path}) failed to start{f' ({said})' if said else ''}: "
+        f"{START_HELP}"
+    )
+
+
+@functools.cache
+def _owned_processor_class() -> type:
+    """The perfetto package's TraceProcessor, connected to a :class:`_Server` it stops when
+    closed (the package imported on first use: `tracer summary --engine reader` never pays
+    for it)."""
+    from perfetto.trace_processor import TraceProcessor
+
+    # `remote` since perfetto 0.59; `addr` (deprecated since) before it.
+    where = "remote" if "remote" in inspect.signature(TraceProcessor.__init__).parameters \
+        else "addr"
+
+    class OwnedTraceProcessor(TraceProcessor):  # type: ignore[misc]
+        def __init__(self, trace: str, server: _Server) -> None:
+            # Set first: the package closes the processor when the trace fails to load.
+            self._tracer_server = server
+            super().__init__(trace=trace, **{where: server.address})
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                server = getattr(self, "_tracer_server", None)
+                if server is not None:
+                    server.stop()
+
+    return OwnedTraceProcessor
 
 
 def one_line(exc: BaseException) -> str:
