@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,16 @@ def _children() -> set[int]:
         if int(fields[1]) == os.getpid() and b"trace_processor" in cmdline:
             found.add(int(entry.name))
     return found
+
+
+def _never_serving(tmp_path: Path, first: str = "") -> Path:
+    """A stand-in binary that runs (after ``first``) and never serves: a Python asleep, its
+    command line naming trace_processor so that :func:`_children` sees it."""
+    fake = tmp_path / "trace_processor_shell"
+    fake.write_text(f"#!/bin/sh\n{first}exec {sys.executable} -c "
+                    "'import time; time.sleep(60)' trace_processor_stand_in\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return fake
 
 
 def _trace(tmp_path: Path) -> Path:
@@ -94,9 +106,7 @@ def test_a_binary_that_never_answers_is_stopped_and_blamed(
 ) -> None:
     """A binary that runs but never serves (another program of that name, a hung start):
     after load_timeout, the binary's fault, said with what it printed, and stopped."""
-    fake = tmp_path / "trace_processor_shell"
-    fake.write_text("#!/bin/sh\necho 'listening, honest' >&2\nexec /bin/sleep 60\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake = _never_serving(tmp_path, "echo 'listening, honest' >&2\n")
     before = _children()
     with pytest.raises(TraceProcessorError) as err:
         start_trace_processor(_trace(tmp_path), str(fake), load_timeout=1)
@@ -109,12 +119,32 @@ def test_a_binary_that_never_answers_is_stopped_and_blamed(
 def test_a_silent_binary_that_never_answers_says_so(
     no_binary: None, tmp_path: Path  # noqa: F811
 ) -> None:
-    fake = tmp_path / "trace_processor_shell"
-    fake.write_text("#!/bin/sh\nexec /bin/sleep 60\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake = _never_serving(tmp_path)
     with pytest.raises(TraceProcessorError) as err:
         start_trace_processor(_trace(tmp_path), str(fake), load_timeout=1)
     message = str(err.value)
     assert message.startswith(f"trace_processor ({fake}) failed to start (no answer on "
                               "127.0.0.1:"), message
     assert " within 1 s): point TRACE_PROCESSOR_PATH" in message, message
+
+
+def test_ctrl_c_while_it_starts_leaves_no_server(
+    no_binary: None, tmp_path: Path  # noqa: F811
+) -> None:
+    """The server runs in a session of its own (as the perfetto package starts it): the
+    terminal's Ctrl-C reaches tracer only, which must stop it on its way out."""
+    fake = _never_serving(tmp_path)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = _children()
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            start_trace_processor(_trace(tmp_path), str(fake), load_timeout=30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert _children() == before, "Ctrl-C left the server running"

@@ -132,6 +132,9 @@ def start_trace_processor(trace: Path, bin_path: str, *, load_timeout: float = 3
         raise TraceProcessorError(
             f"trace_processor ({bin_path}) could not load {trace}: {one_line(exc).rstrip('.')}"
         ) from exc
+    except BaseException:  # Ctrl-C (or SIGTERM, in the CLI) during the load
+        server.stop()  # in a session of its own, the signal did not reach it
+        raise
 
 
 class _Server:
@@ -168,7 +171,11 @@ class _Server:
                 stderr.close()
             raise _failed(bin_path, exc.strerror or "") from exc
         server = cls(process, f"127.0.0.1:{port}", stderr)
-        server._wait_until_up(bin_path, load_timeout)
+        try:
+            server._wait_until_up(bin_path, load_timeout)
+        except BaseException:  # its own failures stopped it already; Ctrl-C did not
+            server.stop()
+            raise
         return server
 
     def _wait_until_up(self, bin_path: str, load_timeout: float) -> None:
