@@ -81,6 +81,15 @@ def test_summary_as_plain_text(trace: Path) -> None:
     assert stages[0].split()[:3] == ["id", "stage", "tasks"]
     assert set(stages[1]) <= {"-", " "}
     assert stages[2].split()[:3] == ["0", "nap", str(cli_workloads.PARTITIONS)]
+    # The workers' table: Ray's handling of their tasks beside the executions (the run has
+    # Ray's events), never below them.
+    workers = out.split("\nWorkers: ", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert workers[0].startswith("busy share of the run (with Ray: counting Ray's handling"), \
+        workers[0]
+    assert workers[1].split() == ["node", "worker", "busy", "with", "Ray", "timeline"]
+    for row in workers[3:]:
+        busy, with_ray = (float(v[:-1]) for v in row.split() if v.endswith("%"))
+        assert with_ray >= busy, row
 
 
 def test_summary_as_json_matches_the_api(trace: Path) -> None:

@@ -188,6 +188,14 @@ def test_synthetic_worker_utilisation(synthetic: Path) -> None:
     }
     assert [r["start_ns"] for r in got[:4]] == [0, 300, 600, 900]
     assert got[6]["busy_fraction"] == 1.0
+    # With Ray's handling: each execution widened to its Ray span (a-0: 110-370 around
+    # 150-350; a-1's two attempts: 100-210 and 390-620; b-1: 520-1160), "zzz" (none) as is.
+    with_ray = {(r["worker"], r["bucket"]): r["busy_with_ray_ns"] for r in got}
+    assert with_ray == {
+        ("worker 11", 0): 190, ("worker 11", 1): 70, ("worker 11", 2): 0, ("worker 11", 3): 200,
+        ("worker 12", 0): 110, ("worker 12", 1): 290, ("worker 12", 2): 320, ("worker 12", 3): 260,
+    }
+    assert got[0]["busy_with_ray_fraction"] == pytest.approx(190 / 300)
 
 
 def test_synthetic_memory(synthetic: Path) -> None:
@@ -318,6 +326,11 @@ def test_worker_utilisation_of_a_real_run(level1: TraceQuery) -> None:
         busy = sum(r["busy_ns"] for r in got if (r["node"], r["worker"]) == (node, worker))
         ran = sum(r["running_ns"] for r in latency if (r["node"], r["worker"]) == (node, worker))
         assert busy == ran
+    # Ray's handling of each task (its arguments, its outputs) around the execution: never
+    # less busy, and more in all (the run reads Ray's events, and Ray takes some time).
+    assert all(r["busy_with_ray_ns"] >= r["busy_ns"] for r in got)
+    assert all(r["busy_with_ray_fraction"] <= 1.0 for r in got)
+    assert sum(r["busy_with_ray_ns"] for r in got) > sum(r["busy_ns"] for r in got)
 
 
 def test_memory_of_a_real_run_at_level_1(level1: TraceQuery) -> None:

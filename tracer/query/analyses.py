@@ -341,24 +341,26 @@ def worker_utilisation(rows: TraceRows, buckets: int = 20) -> list[Row]:
     if not execs or start is None or end is None:
         return []
     size = max((end - start + buckets - 1) // buckets, 1)
-    # Busy time per worker and bucket, each execution spread over the buckets it overlaps.
-    busy: dict[tuple[Any, Any], list[int]] = {}
+    spans_by_task_id: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
+    for r in rows.ray_spans:
+        if r[1] is not None:
+            spans_by_task_id[r[1]].append(r)
+    # Busy time per worker and bucket, each execution spread over the buckets it overlaps;
+    # and again with its Ray span (tracer_ray_match's) around it.
+    busy: dict[tuple[Any, Any], tuple[list[int], list[int]]] = {}
     for e in execs:
         worker = (e[9], e[10])
-        row = busy.get(worker)
-        if row is None:
-            row = busy[worker] = [0] * buckets
+        pair = busy.get(worker)
+        if pair is None:
+            pair = busy[worker] = ([0] * buckets, [0] * buckets)
         e_start, e_end = e[1], e[4]
-        first = max((e_start - start) // size, 0)
-        for i in range(first, buckets):
-            lo = start + i * size
-            if lo >= e_end:
-                break
-            hi = lo + size
-            if e_start < hi and e_end > lo:
-                row[i] += min(e_end, hi) - max(e_start, lo)
+        _spread(pair[0], e_start, e_end, start, size)
+        span = _ray_span_of(spans_by_task_id.get(e[2]), e_start) if e[2] is not None else None
+        if span is not None:
+            e_start, e_end = min(e_start, span[2]), max(e_end, span[3])
+        _spread(pair[1], e_start, e_end, start, size)
     out: list[Row] = []
-    for (node, worker), per_bucket in sorted(
+    for (node, worker), (per_bucket, with_ray) in sorted(
         busy.items(), key=lambda kv: (_key(kv[0][0]), _key(kv[0][1]))
     ):
         for i, busy_ns in enumerate(per_bucket):
@@ -371,9 +373,23 @@ def worker_utilisation(rows: TraceRows, buckets: int = 20) -> list[Row]:
                     "bucket_ns": size,
                     "busy_ns": busy_ns,
                     "busy_fraction": busy_ns / size,
+                    "busy_with_ray_ns": with_ray[i],
+                    "busy_with_ray_fraction": with_ray[i] / size,
                 }
             )
     return out
+
+
+def _spread(row: list[int], e_start: int, e_end: int, start: int, size: int) -> None:
+    """Add [e_start, e_end) to the buckets of ``size`` from ``start`` that it overlaps."""
+    first = max((e_start - start) // size, 0)
+    for i in range(first, len(row)):
+        lo = start + i * size
+        if lo >= e_end:
+            break
+        hi = lo + size
+        if e_start < hi and e_end > lo:
+            row[i] += min(e_end, hi) - max(e_start, lo)
 
 
 def memory_by_stage(latency: Latency) -> list[Row]:

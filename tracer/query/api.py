@@ -309,7 +309,8 @@ class TraceQuery:
         )
 
     def worker_utilisation(self, buckets: int = 20) -> pd.DataFrame:
-        """Busy fraction of every worker of every node in ``buckets`` equal time buckets."""
+        """Busy fraction of every worker of every node in ``buckets`` equal time buckets: in
+        its executions, and with Ray's handling of each around it (``busy_with_ray_*``)."""
         sql = worker_utilisation_sql(buckets)
         return self._analysis(
             "worker_utilisation",

@@ -109,6 +109,8 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("bucket_ns", _I),
         ("busy_ns", _I),
         ("busy_fraction", _F),
+        ("busy_with_ray_ns", _I),
+        ("busy_with_ray_fraction", _F),
     ],
     "memory_by_stage": [
         ("stage_id", _I),

@@ -283,6 +283,10 @@ FROM latest
 WHERE latest_pick = 1;
 CREATE INDEX tracer_match_by_task ON tracer_match(task_slice_id);
 
+-- One row per execution that Ray's events cover: its Ray span (tracer_ray_span's
+-- start_ts, end_ts, args_end_ts), the one of its task_id that started last at
+-- or before the execution, else the first after it. Kept (it is not dropped
+-- below): worker_utilisation.sql counts a worker busy over the span too.
 DROP TABLE IF EXISTS tracer_ray_match;
 CREATE TABLE tracer_ray_match AS
 WITH candidate AS (
@@ -388,5 +392,4 @@ SELECT
   received_ts - owner_ts AS pickup_loop_ns
 FROM bound;
 DROP TABLE tracer_match;
-DROP TABLE tracer_ray_match;
 DROP TABLE tracer_mark;
