@@ -28,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,26 +55,26 @@ def _trace(folder: Path) -> Path:
     return path
 
 
-def _tracer(trace: Path, binary: str) -> float:
+def _timed(start: Callable[[], Any]) -> float:
+    """Seconds from nothing to one query's answer, the server stopped."""
     t = time.perf_counter()
-    tp = start_trace_processor(trace, binary)
+    tp = start()
     try:
         assert int(tp.query(SQL).as_pandas_dataframe()["n"][0]) == 1000
     finally:
         tp.close()
     return time.perf_counter() - t
+
+
+def _tracer(trace: Path, binary: str) -> float:
+    return _timed(lambda: start_trace_processor(trace, binary))
 
 
 def _package(trace: Path, binary: str) -> float:
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
-    t = time.perf_counter()
-    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=binary))
-    try:
-        assert int(tp.query(SQL).as_pandas_dataframe()["n"][0]) == 1000
-    finally:
-        tp.close()
-    return time.perf_counter() - t
+    config = TraceProcessorConfig(bin_path=binary)
+    return _timed(lambda: TraceProcessor(trace=str(trace), config=config))
 
 
 def _cli(trace: Path, binary: str) -> float:
