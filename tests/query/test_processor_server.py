@@ -148,3 +148,18 @@ def test_ctrl_c_while_it_starts_leaves_no_server(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert _children() == before, "Ctrl-C left the server running"
+
+
+def test_verbose_lets_the_servers_log_through_and_keeps_stdout_clean(
+    tmp_path: Path, trace_processor_bin: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``QueryConfig(verbose=True)`` shows trace_processor's log on stderr; stdout is the
+    caller's (`tracer query` writes its answers there)."""
+    tp = start_trace_processor(_trace(tmp_path), trace_processor_bin, verbose=True)
+    try:
+        tp.query("SELECT COUNT(*) FROM slice")
+    finally:
+        tp.close()
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "HTTP server" in err, err

@@ -52,7 +52,7 @@ class QueryConfig:
     ``$TRACE_PROCESSOR_PATH``, then the binary the perfetto package cached on
     an earlier download, then ``trace_processor_shell`` on ``PATH``.
     ``load_timeout`` is how long (s) trace_processor may take to start;
-    ``verbose`` lets its output through.
+    ``verbose`` lets its log (stderr) through.
     """
 
     engine: Engine = "auto"

@@ -159,12 +159,14 @@ class _Server:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         # Kept as long as the server runs (what it said if it stops), closed by stop().
+        # Verbose lets its log (stderr) through; stdout is never its: `tracer query`
+        # writes its answers there.
         stderr = None if verbose else tempfile.TemporaryFile()  # noqa: SIM115
         try:
             process = subprocess.Popen(
                 [bin_path, "-D", "--http-port", str(port), "--no-ftrace-raw"],
-                stdin=subprocess.DEVNULL, stdout=None if verbose else subprocess.DEVNULL,
-                stderr=stderr, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                start_new_session=True,
             )
         except OSError as exc:
             if stderr is not None:
