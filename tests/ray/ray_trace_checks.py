@@ -129,9 +129,14 @@ def split(model: TraceModel) -> RunnerTrace:
     assert len(ids) == len(per_stage) and ids == sorted(ids), order
 
     assert (tasks_root.kind, tasks_root.name) == ("track", L.TASKS_TRACK)
-    lanes = model.children(tasks_root.uuid)
+    # The tasks' lanes, then (where Ray's events were read) the lanes of their Ray states:
+    # two names, two tracks in the UI (each merged), in that order.
+    under_tasks = model.children(tasks_root.uuid)
+    lanes = [t for t in under_tasks if t.name == L.TASK_LANE]
     assert lanes, "no task lanes"
-    assert {t.name for t in lanes} == {L.TASK_LANE}
+    assert {t.name for t in under_tasks} <= {L.TASK_LANE, L.RAY_STATES_TRACK}
+    assert tasks_root.child_ordering == "explicit"
+    assert all(t.sibling_order_rank == (t.name != L.TASK_LANE) for t in under_tasks)
     assert (stages_root.kind, stages_root.name) == ("track", L.STAGES_TRACK)
     assert stages_root.child_ordering == "explicit"
     stage_tracks = model.children(stages_root.uuid)

@@ -86,24 +86,33 @@ def test_every_execution_has_rays_phases_nested_on_its_worker(run: TraceModel) -
 
 
 def test_rays_states_split_each_dispatched_slice(run: TraceModel) -> None:
-    """Under each task lane, a 'Ray states' track: the states of every task on that lane,
-    one after the other inside its 'dispatched' slice."""
+    """Each task's states, one after the other, in a 'ray states <stage>' slice that names
+    the task and spans its 'dispatched' slice, on 'Ray states' lanes beside the tasks' lanes
+    (one name: the UI merges them into one track, not a track under each lane)."""
     order = [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE, L.STATE_SUBMITTED, L.STATE_RUNNING,
              L.STATE_FINISHED]
     dispatched = [s for s in run.slices if s.name == L.SLICE_DISPATCHED]
     assert len(dispatched) == 2 * NUM_PARTITIONS
-    state_tracks = {t.uuid: t for t in run.tracks.values() if t.name == L.RAY_STATES_TRACK}
-    assert state_tracks
-    for d in dispatched:
-        assert d.end_ts is not None
-        (track,) = [t for t in state_tracks.values() if t.parent_uuid == d.track_uuid]
-        states = sorted((s for s in run.slices_on(track.uuid)
-                         if d.ts <= s.ts and s.end_ts is not None and s.end_ts <= d.end_ts),
-                        key=lambda s: s.ts)
+    by_task = {d.parent_id: d for d in dispatched}
+    tasks = {s.args[L.ARG_TASK_ID]: s for s in run.slices
+             if s.category == L.CAT_TASK and s.depth == 0}
+    heads = [s for s in run.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)]
+    assert len(heads) == len(dispatched)
+    lanes_root = {run.tracks[d.track_uuid].parent_uuid for d in dispatched}
+    assert {run.tracks[h.track_uuid].parent_uuid for h in heads} == lanes_root
+    assert not [t for t in run.tracks.values()
+                if t.name == L.RAY_STATES_TRACK and t.parent_uuid not in lanes_root]
+    for head in heads:
+        task = tasks[head.args[L.ARG_TASK_ID]]
+        d = by_task[task.id]
+        assert run.tracks[head.track_uuid].name == L.RAY_STATES_TRACK
+        assert head.name == L.RAY_STATES_PREFIX + task.name
+        assert (head.ts, head.end_ts) == (d.ts, d.end_ts)
+        states = sorted((s for s in run.slices if s.parent_id == head.id), key=lambda s: s.ts)
         # FINISHED is left out when Ray timed it after the runner saw the task.
         names = [s.name for s in states]
         assert names in (order, order[:-1]), names
-        assert all(s.category == L.CAT_RAY and s.depth == 0 for s in states)
+        assert all(s.category == L.CAT_RAY and s.depth == 1 for s in states)
         for a, b in itertools.pairwise(states):
             assert a.end_ts == b.ts  # each state lasts until the next
         assert states[-1].end_ts == d.end_ts or names[-1] == L.STATE_RUNNING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engines_agree import assert_engines_agree
@@ -192,6 +193,16 @@ def test_a_runner_that_dispatches_past_the_cluster(tmp_path: Path) -> None:
     assert values[L.COUNTER_INFLIGHT] == [5, 1, 7]
 
 
+
+def states_of(model: Any, task_id: str) -> tuple[Any, list[Any]]:
+    """The ``ray states <stage>`` slice of ``task_id`` and Ray's states nested in it."""
+    (head,) = [s for s in model.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)
+               and s.args.get(L.ARG_TASK_ID) == task_id]
+    assert model.tracks[head.track_uuid].name == L.RAY_STATES_TRACK
+    assert head.category == L.CAT_RAY and head.depth == 0
+    return head, sorted((s for s in model.slices if s.parent_id == head.id), key=lambda s: s.ts)
+
+
 def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     """Ray's phases nest on the worker's 'Ray phases' track, its states on the lane's 'Ray
     states' track within 'dispatched'; a state timed outside that slice is clamped into it;
@@ -245,18 +256,25 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
         (s.ts, s.name) for s in ray_slices if s.depth == 1 and s.track_uuid == spans[0].track_uuid)
     assert [n for _, n in nested] == [L.PHASE_DESERIALIZE, L.PHASE_EXECUTE, L.PHASE_STORE_OUTPUTS]
     assert {s.depth for s in model.slices_on(a.lane.uuid)} == {0, 1}  # the task, dispatched
-    (states_a,) = [t for t in model.tracks.values()
-                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == a.lane.uuid]
-    lane_a = sorted(model.slices_on(states_a.uuid), key=lambda s: s.ts)
+    # The states: in a slice naming the task, over its 'dispatched' slice, on a 'Ray states'
+    # lane beside the tasks' lanes (after them), not under the task's lane.
+    head_a, lane_a = states_of(model, "a")
+    assert (head_a.name, head_a.ts, head_a.end_ts) == (
+        L.RAY_STATES_PREFIX + "map", T0 + 1 * MS, T0 + 12 * MS)
+    states_track = model.tracks[head_a.track_uuid]
+    assert states_track.parent_uuid == model.tracks[a.lane.uuid].parent_uuid
+    assert (states_track.sibling_order_rank, model.tracks[a.lane.uuid].sibling_order_rank) == (1, 0)
+    assert model.tracks[states_track.parent_uuid].child_ordering == "explicit"
     # PENDING_ARGS_AVAIL at T0 (before the dispatch at T0 + 1 ms) is clamped into 'dispatched';
     # FINISHED lasts until the task was received (12 ms).
     assert [s.name for s in lane_a] == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE,
                                         L.STATE_SUBMITTED, L.STATE_RUNNING, L.STATE_FINISHED]
     assert lane_a[0].ts == T0 + 1 * MS and lane_a[-1].end_ts == T0 + 12 * MS
-    (states_b,) = [t for t in model.tracks.values()
-                   if t.name == L.RAY_STATES_TRACK and t.parent_uuid == b.lane.uuid]
-    lane_b = [s.name for s in sorted(model.slices_on(states_b.uuid), key=lambda s: s.ts)]
-    assert lane_b == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE]
+    head_b, lane_b = states_of(model, "b")
+    assert [s.name for s in lane_b] == [L.STATE_PENDING_ARGS, L.STATE_PENDING_NODE]
+    # a and b were in flight together: their states on two lanes of one name.
+    assert head_b.track_uuid != head_a.track_uuid
+    assert model.tracks[head_b.track_uuid].name == L.RAY_STATES_TRACK
     run = next(s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0)
     (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
     assert read.args[L.ARG_RAY_EVENTS_MISSING] == 1
@@ -306,9 +324,7 @@ def test_ray_events_timed_out_of_place_are_clamped(tmp_path: Path) -> None:
     assert phases_drawn == [(L.PHASE_DESERIALIZE, 4 * MS, 1 * MS),
                             (L.PHASE_EXECUTE, 5 * MS, 4 * MS),
                             (L.PHASE_STORE_OUTPUTS, 9 * MS, 1 * MS)]
-    states_drawn = sorted(
-        ((s.name, s.ts - T0, s.dur) for s in model.slices
-         if by_track[s.track_uuid] == L.RAY_STATES_TRACK), key=lambda p: p[1])
+    states_drawn = [(s.name, s.ts - T0, s.dur) for s in states_of(model, "a")[1]]
     assert states_drawn == [(L.STATE_PENDING_ARGS, 1 * MS, 2 * MS),
                             (L.STATE_SUBMITTED, 3 * MS, 1 * MS),
                             (L.STATE_RUNNING, 4 * MS, 8 * MS)]
@@ -345,10 +361,7 @@ def test_a_task_at_its_worker_before_its_dispatch_was_reported_keeps_submitted(
         tl.close()
 
     model = read_trace(path, strict=True)
-    by_track = {t.uuid: t.name for t in model.tracks.values()}
-    states_drawn = sorted(
-        ((s.name, s.ts - T0, s.dur) for s in model.slices
-         if by_track[s.track_uuid] == L.RAY_STATES_TRACK), key=lambda p: p[1])
+    states_drawn = [(s.name, s.ts - T0, s.dur) for s in states_of(model, "a")[1]]
     assert states_drawn == [(L.STATE_SUBMITTED, 5 * MS, 0), (L.STATE_RUNNING, 5 * MS, 5 * MS),
                             (L.STATE_FINISHED, 10 * MS, 2 * MS)]
     with TraceQuery(path, QueryConfig(engine="reader")) as q:

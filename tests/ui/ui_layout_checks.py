@@ -59,9 +59,19 @@ def check_runner_layout(run: UiRun, model: TraceModel, stages: dict[str, int]) -
     assert {L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS} <= set(scheduler.names), where
     assert all(c.renderer == COUNTER and not c.children for c in counters), where
 
-    # Tasks: one merged lane track with every task's outer slice and its 'dispatched'.
-    (lanes,) = tasks.children
+    # Tasks: one merged lane track with every task's outer slice and its 'dispatched'; then,
+    # where Ray's events were read, one merged track of their states (however many tasks
+    # were in flight): each task's in a 'ray states <stage>' slice.
+    lanes, *ray_states = tasks.children
     assert (lanes.name, lanes.renderer) == (L.TASK_LANE, SLICES), where
+    assert [c.name for c in ray_states] in ([], [L.RAY_STATES_TRACK]), (tasks.names, where)
+    for track in ray_states:
+        assert track.renderer == SLICES and not track.children, where
+        heads = sum(n for name, n in track.slice_names.items()
+                    if name.startswith(L.RAY_STATES_PREFIX))
+        assert heads == sum(1 for s in model.slices
+                            if (s.name or "").startswith(L.RAY_STATES_PREFIX)), where
+        assert heads and track.slice_names.get(L.STATE_RUNNING), where
     launched = sum(stages.values())
     dispatched = sum(1 for s in model.slices if s.name == L.SLICE_DISPATCHED)
     assert dispatched and lanes.slice_names[L.SLICE_DISPATCHED] == dispatched, where

@@ -148,6 +148,8 @@ class TraceRows(TraceVisitor):
         self.ray_spans: list[RaySpan] = []
         self._args_end: dict[int, int] = {}
         self._states: list[tuple[Any, ...]] = []
+        # 'ray states <stage>' slices: id -> (ts, task_id, attempt); their states' parent.
+        self._state_heads: dict[int, tuple[int, Any, Any]] = {}
         #: task slice id -> (submitted_ts, replied_ts), either None.
         self.ray_states: dict[int, tuple[int | None, int | None]] = {}
         # Failure marks as (task_id, ts, track uuid) until finish() resolves them into
@@ -205,7 +207,13 @@ class TraceRows(TraceVisitor):
             attempt = arg(s.args, L.ARG_ATTEMPT) if s.args else None
             self._states.append((s.track_uuid, s.ts, s.id, name,
                                  arg(s.args, L.ARG_TASK_ID) if s.args else None,
-                                 0 if attempt is None else attempt))
+                                 0 if attempt is None else attempt,
+                                 s.parent_id if s.depth == 1 else None))
+            return
+        if s.depth == 0 and name.startswith(L.RAY_STATES_PREFIX):
+            attempt = arg(s.args, L.ARG_ATTEMPT)
+            self._state_heads[s.id] = (s.ts, arg(s.args, L.ARG_TASK_ID),
+                                       0 if attempt is None else attempt)
             return
         dur = s.dur
         if dur is None or dur < 0:
@@ -362,49 +370,69 @@ class TraceRows(TraceVisitor):
     def _resolve_ray(self, tracks: dict[int, TrackInfo]) -> None:
         """Ray's spans get their arguments' end; states go to the task slice they belong to.
 
-        As tracer_ray_state: on each ``Ray states`` track (by ts, then id), a
-        state with a task_id starts that task's states; they go to the task
-        slice of that task_id and attempt created last at or before it.
+        As tracer_ray_state: the states nested in a ``ray states <stage>``
+        slice are the task's it names; in traces from before those slices, on
+        each ``Ray states`` track (by ts, then id), a state with a task_id
+        starts that task's states. They go to the task slice of that task_id
+        and attempt created last at or before the first of them.
         """
         args_end = self._args_end
         self._args_end = {}
         self.ray_spans = [(*r[:4], args_end.get(r[0])) for r in self.ray_spans]
         states = self._states
+        heads = self._state_heads
         self._states = []
+        self._state_heads = {}
         if not states:
             return
-        by_track: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-        for st in states:
-            track = tracks.get(st[0])
-            if track is not None and track.name == L.RAY_STATES_TRACK:
-                by_track[st[0]].append(st)
         tasks_by_key: dict[tuple[Any, Any], list[tuple[int, int]]] = defaultdict(list)
         for t in self.tasks:  # sorted by (created_ts, id)
             if t[2] is not None:
                 tasks_by_key[(t[2], t[3])].append((t[1], t[0]))
         found: dict[int, list[int | None]] = {}
+
+        def task_of(task_id: Any, attempt: Any, ts: int) -> list[int | None] | None:
+            keys = tasks_by_key.get((task_id, attempt))
+            if keys:
+                i = bisect.bisect_right(keys, (ts, _MAX_ID)) - 1
+                if i >= 0:
+                    return found.setdefault(keys[i][1], [None, None])
+            return None
+
+        def note(pair: list[int | None], name: str, ts: int) -> None:
+            if name == L.STATE_SUBMITTED:
+                slot = 0
+            elif name in (L.STATE_FINISHED, L.STATE_FAILED):
+                slot = 1
+            else:
+                return
+            old = pair[slot]
+            if old is None or ts < old:
+                pair[slot] = ts
+
+        by_track: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+        pairs: dict[int, list[int | None] | None] = {}  # by head id
+        for st in states:
+            head_id = st[6]
+            head = heads.get(head_id) if head_id is not None else None
+            if head is not None:
+                if head_id not in pairs:
+                    pairs[head_id] = task_of(head[1], head[2], head[0])
+                pair = pairs[head_id]
+                if pair is not None:
+                    note(pair, st[3], st[1])
+                continue
+            track = tracks.get(st[0])
+            if track is not None and track.name == L.RAY_STATES_TRACK:
+                by_track[st[0]].append(st)
         for on_track in by_track.values():
             on_track.sort(key=lambda st: (st[1], st[2]))
-            pair: list[int | None] | None = None
-            for _, ts, _, name, task_id, attempt in on_track:
+            pair = None
+            for _, ts, _, name, task_id, attempt, _ in on_track:
                 if task_id is not None:
-                    pair = None
-                    keys = tasks_by_key.get((task_id, attempt))
-                    if keys:
-                        i = bisect.bisect_right(keys, (ts, _MAX_ID)) - 1
-                        if i >= 0:
-                            pair = found.setdefault(keys[i][1], [None, None])
-                if pair is None:
-                    continue
-                if name == L.STATE_SUBMITTED:
-                    slot = 0
-                elif name in (L.STATE_FINISHED, L.STATE_FAILED):
-                    slot = 1
-                else:
-                    continue
-                old = pair[slot]
-                if old is None or ts < old:
-                    pair[slot] = ts
+                    pair = task_of(task_id, attempt, ts)
+                if pair is not None:
+                    note(pair, name, ts)
         self.ray_states = {k: (v[0], v[1]) for k, v in found.items()}
 
     def _late_children(self) -> None:

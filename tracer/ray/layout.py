@@ -33,8 +33,14 @@ SCHEDULER_PROCESS = "Scheduler"
 DISPATCH_LOOP_THREAD = "Dispatch loop"
 TASKS_TRACK = "Ray tasks"
 TASK_LANE = "tasks"
-#: Under a task lane: Ray's scheduling states of the tasks on that lane (STATE_*).
+#: Beside the task lanes, after them (one name: merged into one UI track, as they are):
+#: Ray's scheduling states of the tasks (STATE_*), each task's nested in a slice named
+#: ``RAY_STATES_PREFIX + stage`` (args task_id, attempt) spanning its 'dispatched' slice.
+#: (Traces of tracer before 2026-12-07 have a track of this name under each task lane,
+#: holding the states of that lane's tasks, the first of each naming its task; the query
+#: layer reads both.)
 RAY_STATES_TRACK = "Ray states"
+RAY_STATES_PREFIX = "ray states "
 STAGES_TRACK = "Stages"
 #: "Node <index> (<first 8 characters of the Ray node id>)", under the run's root.
 NODE_PROCESS_PREFIX = "Node"
@@ -120,9 +126,9 @@ RAY_TASK_PREFIX = "ray task "
 PHASE_DESERIALIZE = "deserialize arguments"
 PHASE_EXECUTE = "execute"
 PHASE_STORE_OUTPUTS = "store outputs"
-#: Ray's scheduling states, on the RAY_STATES_TRACK under the task's lane,
-#: within its 'dispatched' slice, each from the time Ray entered it to the next
-#: state (the last, FINISHED or FAILED, until the runner received the task; a
+#: Ray's scheduling states, on a RAY_STATES_TRACK lane in the task's
+#: RAY_STATES_PREFIX slice (its 'dispatched' span), each from the time Ray entered it
+#: to the next state (the last, FINISHED or FAILED, until the runner received the task; a
 #: state Ray timed after that is left out). Names are Ray's TaskStatus:
 STATE_PENDING_ARGS = "PENDING_ARGS_AVAIL"  # submitted; its arguments are not all ready
 STATE_PENDING_NODE = "PENDING_NODE_ASSIGNMENT"  # waiting for a worker lease

@@ -26,7 +26,7 @@ the runner's layout:
 * **Ray's own events** of the tasks (:mod:`tracer.ray.events_channel`, as a
   runner's: read by the flusher thread and after the execution ended, in a
   thread of their own, :mod:`tracer.ray.finishing`): Ray's phases nested in
-  each measured execution, the scheduling states on its task's lane, and the
+  each measured execution, the scheduling states beside the tasks' lanes, and the
   executions of the tasks nobody measures in their workers (all-to-all
   operators' tasks, :mod:`.all_to_all`): where and when Ray ran them.
 

@@ -73,16 +73,18 @@ CREATE INDEX tracer_task_by_task_id ON tracer_task(task_id);
 DROP TABLE tracer_dispatched;
 
 -- Ray's own events of a task attempt (README, "Ray's own events"), where the
--- trace has them. Its scheduling states are on a 'Ray states' track under
--- the task's lane (category 'scheduler'); the first state drawn for a task
--- carries its task_id (and attempt), the states after it on that track are
--- the same task's (by ts, then id). trace_processor's track.parent_id cannot
--- tell the lane (it merges lanes of one name), so a task's states go to the
--- task slice of that task_id and attempt created last at or before the
--- first of them. The latency split needs two, on the owner's (driver's)
--- clock: submitted_ts (SUBMITTED_TO_WORKER: Ray has a worker for it and
--- pushes it there) and replied_ts (FINISHED or FAILED: the owner has the
--- worker's reply).
+-- trace has them. Its scheduling states (category 'scheduler') are nested in
+-- a 'ray states <stage>' slice that carries its task_id (and attempt), on the
+-- 'Ray states' lanes beside the tasks' lanes. (Traces written before
+-- 2026-12-07 have them on a 'Ray states' track under the task's lane: the
+-- first state drawn for a task carries its task_id and attempt, the states
+-- after it on that track are the same task's, by ts, then id; both are read.)
+-- trace_processor's track.parent_id cannot tell the lane (it merges lanes of
+-- one name), so a task's states go to the task slice of that task_id and
+-- attempt created last at or before the first of them. The latency split
+-- needs two, on the owner's (driver's) clock: submitted_ts
+-- (SUBMITTED_TO_WORKER: Ray has a worker for it and pushes it there) and
+-- replied_ts (FINISHED or FAILED: the owner has the worker's reply).
 CREATE TABLE tracer_ray_state AS
 WITH state AS (
   SELECT
@@ -116,6 +118,20 @@ per_task AS (
   FROM grouped
   WHERE head > 0
   GROUP BY track_id, head
+  UNION ALL
+  SELECT
+    EXTRACT_ARG(w.arg_set_id, 'debug.task_id') AS task_id,
+    COALESCE(EXTRACT_ARG(w.arg_set_id, 'debug.attempt'), 0) AS attempt,
+    w.ts AS head_ts,
+    MIN(CASE WHEN s.name = 'SUBMITTED_TO_WORKER' THEN s.ts END) AS submitted_ts,
+    MIN(CASE WHEN s.name IN ('FINISHED', 'FAILED') THEN s.ts END) AS replied_ts
+  FROM slice AS s
+  JOIN slice AS w ON w.id = s.parent_id  -- by id: slice.parent_id has no index
+  WHERE s.category = 'scheduler' AND s.depth = 1
+    AND s.name IN ('PENDING_ARGS_AVAIL', 'PENDING_NODE_ASSIGNMENT', 'SUBMITTED_TO_WORKER',
+                   'RUNNING', 'FINISHED', 'FAILED')
+    AND w.name GLOB 'ray states *'
+  GROUP BY w.id
 )
 SELECT task_slice_id, MIN(submitted_ts) AS submitted_ts, MIN(replied_ts) AS replied_ts
 FROM (

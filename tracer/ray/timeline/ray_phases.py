@@ -12,11 +12,16 @@ draws them where the run timeline drew that execution:
   with the phases nested in it. Not nested in the execution slice: Ray
   deserializes the arguments before the measured execution starts and stores
   the outputs after it ends, so they cannot nest in it;
-* the scheduling states on a ``Ray states`` track under the task's lane
-  (the lane itself holds only the task and its ``dispatched`` slice), each
-  until the next (the last until the runner received the task), clamped
-  into the ``dispatched`` slice (a state Ray timed on another node's clock,
-  or after the runner saw the task, can fall outside it).
+* the scheduling states on ``Ray states`` lanes beside the tasks' lanes (one
+  name: trace_processor and the UI merge them into one track, as they do the
+  tasks' lanes), nested in a ``ray states <stage>`` slice that names the task
+  and spans its ``dispatched`` slice; each state until the next (the last
+  until the runner received the task), clamped into that span (a state Ray
+  timed on another node's clock, or after the runner saw the task, can fall
+  outside it). A lane of their own per task lane had put hundreds of rows
+  under the merged tasks in the UI when hundreds of tasks were in flight;
+  nested in the task's own lane, they would be written seconds behind the
+  lane's later tasks, outside the reader's window.
 
 Both are written late (Ray reports its events about a second after they
 happen), at their true times. Which executions still wait for their events
@@ -27,6 +32,7 @@ for and the trace can say how many never came.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -116,7 +122,9 @@ class RayPhases:
     def __init__(self, writer: TraceWriter, nodes: Nodes) -> None:
         self.writer = writer
         self.nodes = nodes
-        self._state_tracks: dict[int, Track] = {}  # by lane uuid
+        #: The states' lanes: (the end of the last states drawn on it, its track), a heap.
+        self._state_lanes: list[tuple[int, int, Track]] = []
+        self.states_parent: Track | None = None  # the tasks' root (set by the timeline)
         #: Off until a producer reads Ray's events: nothing is kept for them then.
         self.enabled = False
         self._expected: dict[tuple[str, int], _Expected] = {}
@@ -227,7 +235,7 @@ class RayPhases:
         finish(track, end)
 
     def _states(self, exp: _Expected, ev: RayTaskEvents) -> None:
-        """Ray's states inside the task's 'dispatched' slice, once that slice has ended."""
+        """Ray's states within the task's 'dispatched' slice, once that slice has ended."""
         task = exp.task
         if task is None or task.ray_states_drawn or not ev.states:
             return
@@ -237,17 +245,15 @@ class RayPhases:
         if hi <= lo:
             return
         w = self.writer
-        track = self._state_tracks.get(task.lane.uuid)
-        if track is None:
-            track = self._state_tracks[task.lane.uuid] = w.track(
-                L.RAY_STATES_TRACK, parent=task.lane
-            )
-        # The first state drawn names its task (the states after it on the track are the
-        # same task's): trace_processor's track.parent_id is not reliable for lanes of one
-        # name (it merges them), so the query layer cannot go by the lane.
-        head: dict[str, object] | None = {L.ARG_TASK_ID: task.task_id}
+        track = self._states_lane(lo, hi)
+        # The task's states in one slice that names it: trace_processor merges the lanes
+        # (one name) and would scatter the states of one lane's tasks over its merged
+        # lanes; nested, they stay together, and the query layer finds the task.
+        head: dict[str, object] = {L.ARG_TASK_ID: task.task_id}
         if task.attempt:
-            head[L.ARG_ATTEMPT] = task.attempt  # type: ignore[index]
+            head[L.ARG_ATTEMPT] = task.attempt
+        begin, finish = w.begin, w.end
+        begin(track, L.RAY_STATES_PREFIX + exp.name, lo, category=L.CAT_RAY, args=head)
         # Each state from its start, clamped into [lo, hi], until the next one's (the
         # last until hi); one that would not last is not drawn, but for
         # SUBMITTED_TO_WORKER: a task can reach its worker before its producer says it
@@ -255,7 +261,6 @@ class RayPhases:
         # a warm actor may be running it by then); drawn 0 long at the dispatch, it
         # says so, and the latency split (queue, push) has its boundary. Spelled out,
         # as in _phases: this runs for every task.
-        begin, finish = w.begin, w.end
         states = ev.states
         ts = states[0][1]
         start = lo if ts < lo else hi if ts > hi else ts
@@ -266,9 +271,21 @@ class RayPhases:
             else:
                 until = hi
             if until > start or name == L.STATE_SUBMITTED:
-                begin(track, name, start, category=L.CAT_RAY, args=head)
-                head = None
+                begin(track, name, start, category=L.CAT_RAY)
                 finish(track, until)
             start = until
-        # Once on the lane, never again (another attempt's states would overlap these).
+        finish(track, hi)
+        # Once, never again (another attempt's states would overlap these).
         task.ray_states_drawn = True
+
+    def _states_lane(self, lo: int, hi: int) -> Track:
+        """A states lane free before ``lo`` (the one free longest), else a new one: each
+        lane's slices are written in time order, as the reader's scan wants them."""
+        lanes = self._state_lanes
+        if lanes and lanes[0][0] < lo:
+            _, n, track = lanes[0]
+            heapq.heapreplace(lanes, (hi, n, track))
+            return track
+        track = self.writer.track(L.RAY_STATES_TRACK, parent=self.states_parent, rank=1)
+        heapq.heappush(lanes, (hi, len(lanes), track))
+        return track

@@ -181,7 +181,7 @@ class RunTimeline:
             rank=_RANK_AVAILABLE + 2,
         )
         self._tasks_root = w.track(
-            L.TASKS_TRACK, parent=self.root, rank=1, merge=False,
+            L.TASKS_TRACK, parent=self.root, rank=1, merge=False, child_ordering="explicit",
             description="Each task from its creation to its receipt by the runner, "
             "with its 'dispatched' part",
         )
@@ -193,6 +193,7 @@ class RunTimeline:
         self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
         self._ray = RayPhases(w, self.nodes)
+        self._ray.states_parent = self._tasks_root  # the states' lanes, after the tasks'
         self._awaited = Awaited()  # executions Ray's events will bring (see .awaited)
         # Free lanes with the time they were released: a lane is reused only by a
         # task created after that, so its slices never overlap the last ones, even
@@ -441,7 +442,7 @@ class RunTimeline:
         return task
 
     def _new_lane(self) -> Track:
-        return self.writer.track(L.TASK_LANE, parent=self._tasks_root)
+        return self.writer.track(L.TASK_LANE, parent=self._tasks_root, rank=0)
 
     def _request_args(self, request: ResourceRequest) -> dict[str, int | float]:
         """``request.as_args()``, made once per request object (a stage's tasks share one)."""
