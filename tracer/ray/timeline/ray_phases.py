@@ -119,12 +119,14 @@ class _Expected:
 class RayPhases:
     """Draws :class:`RayTaskEvents` of the executions the timeline drew."""
 
-    def __init__(self, writer: TraceWriter, nodes: Nodes) -> None:
+    def __init__(self, writer: TraceWriter, nodes: Nodes, states_parent: Track) -> None:
         self.writer = writer
         self.nodes = nodes
-        #: The states' lanes: (the end of the last states drawn on it, its track), a heap.
+        #: Where the states' lanes go: the tasks' root, beside (after) the tasks' lanes.
+        self.states_parent = states_parent
+        #: The states' lanes, a heap of (the end of the last states drawn on it, the
+        #: order it was made in, its track).
         self._state_lanes: list[tuple[int, int, Track]] = []
-        self.states_parent: Track | None = None  # the tasks' root (set by the timeline)
         #: Off until a producer reads Ray's events: nothing is kept for them then.
         self.enabled = False
         self._expected: dict[tuple[str, int], _Expected] = {}

@@ -192,8 +192,7 @@ class RunTimeline:
         ))
         self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
-        self._ray = RayPhases(w, self.nodes)
-        self._ray.states_parent = self._tasks_root  # the states' lanes, after the tasks'
+        self._ray = RayPhases(w, self.nodes, self._tasks_root)
         self._awaited = Awaited()  # executions Ray's events will bring (see .awaited)
         # Free lanes with the time they were released: a lane is reused only by a
         # task created after that, so its slices never overlap the last ones, even
