@@ -167,3 +167,31 @@ def test_an_execution_is_a_slice_of_a_worker_track_in_both_engines(tmp_path: Pat
     with TraceQuery(path, QueryConfig(engine="trace_processor", trace_processor_path=binary)) as tp:
         assert_frame_equal(tp.task_latency(), reader, check_exact=True)
         assert_frame_equal(tp.worker_utilisation(3), TraceQuery(path, READER).worker_utilisation(3))
+
+
+def test_a_task_the_cut_left_open_is_unfinished_in_both_engines(tmp_path: Path) -> None:
+    """A task in flight where a crash cut the trace (its slice never ends) is
+    'unfinished', never 'ok'; a task received with its result is 'ok' in the tracer_task
+    table as in task_latency."""
+    from tracer.query import find_trace_processor
+
+    path = tmp_path / "cut.perfetto-trace"
+    with TraceWriter(path, clock=lambda: BASE) as w:
+        tasks = w.track(L.TASKS_TRACK)
+        lanes = [w.track(L.TASK_LANE, parent=tasks) for _ in range(3)]
+        for i, lane in enumerate(lanes):
+            w.begin(lane, "map", BASE + i, category=L.CAT_TASK,
+                    args={L.ARG_TASK_ID: str(i), L.ARG_STAGE_ID: 0})
+        w.end(lanes[0], BASE + 50)
+        w.end(lanes[1], BASE + 60, args={L.ARG_STATUS: L.STATUS_FAILED})
+        # lanes[2]'s task never ends: the run died with it in flight.
+    expected = [("0", "ok", 50), ("1", "failed", 59), ("2", "unfinished", None)]
+    reader = TraceQuery(path, READER).task_latency()
+    assert [(r["task_id"], r["status"], r["total_ns"]) for r in records(reader)] == expected
+    assert list(TraceQuery(path, READER).stage_summary()["failed"]) == [1]
+    with TraceQuery(path, QueryConfig(engine="trace_processor",
+                                      trace_processor_path=find_trace_processor())) as tp:
+        assert_frame_equal(tp.task_latency(), reader, check_exact=True)
+        raw = tp.query("SELECT task_id, status FROM tracer_task ORDER BY task_id")
+        assert [tuple(r) for r in raw.itertuples(index=False)] == [
+            (task_id, status) for task_id, status, _ in expected]

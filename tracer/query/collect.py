@@ -250,7 +250,10 @@ class TraceRows(TraceVisitor):
         attempt = arg(args, L.ARG_ATTEMPT)
         stage = arg(args, L.ARG_STAGE)
         received = None
-        if t.dur is not None and (status or "") not in ("unfinished", "superseded"):
+        if t.dur is None:
+            if status is None:
+                status = L.STATUS_UNFINISHED  # in flight where the trace was cut
+        elif (status or "") not in ("unfinished", "superseded"):
             received = t.ts + t.dur
         children = self._children.pop(t.id, None)
         dispatched: Any = None

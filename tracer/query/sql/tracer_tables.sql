@@ -33,8 +33,12 @@
 -- creation to its receipt (category 'task', named after the stage), with its
 -- nested 'dispatched' slice. received_ts is NULL for tasks the runner never
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
--- retry. memory_at_kill is set on a task Ray's OOM killer killed (the worker's
--- memory use Ray reported; such a task has no execution slice).
+-- retry. status is the task slice's: 'ok' where the runner received the
+-- task's result (the slice says nothing then), else 'failed', 'failed
+-- upstream', 'cancelled', 'superseded' or 'unfinished' (also a task whose
+-- slice a cut trace left open); tracer_task_latency's also takes a failed
+-- execution's word. memory_at_kill is set on a task Ray's OOM killer killed
+-- (the worker's memory use Ray reported; such a task has no execution slice).
 DROP TABLE IF EXISTS tracer_task_latency;
 DROP TABLE IF EXISTS tracer_execution;
 DROP TABLE IF EXISTS tracer_task;
@@ -55,7 +59,10 @@ SELECT
   COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.attempt'), 0) AS attempt,
   EXTRACT_ARG(t.arg_set_id, 'debug.stage_id') AS stage_id,
   COALESCE(EXTRACT_ARG(t.arg_set_id, 'debug.stage'), t.name) AS stage,
-  EXTRACT_ARG(t.arg_set_id, 'debug.status') AS status,
+  COALESCE(
+    EXTRACT_ARG(t.arg_set_id, 'debug.status'),
+    CASE WHEN t.dur < 0 THEN 'unfinished' ELSE 'ok' END
+  ) AS status,
   EXTRACT_ARG(t.arg_set_id, 'debug.resource_request.memory_bytes') AS memory_requested,
   EXTRACT_ARG(t.arg_set_id, 'debug.memory_used_at_kill') AS memory_at_kill,
   t.ts AS created_ts,
@@ -333,7 +340,7 @@ WITH joined AS (
     t.attempt,
     t.stage_id,
     t.stage,
-    COALESCE(t.status, m.status, 'ok') AS status,
+    CASE WHEN t.status = 'ok' THEN COALESCE(m.status, 'ok') ELSE t.status END AS status,
     CASE WHEN m.slice_id IS NOT NULL THEN m.node ELSE f.node END AS node,
     CASE WHEN m.slice_id IS NOT NULL THEN m.worker ELSE f.worker END AS worker,
     t.created_ts,
