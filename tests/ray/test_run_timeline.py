@@ -282,6 +282,59 @@ def test_ray_events_are_drawn_where_the_execution_was(tmp_path: Path) -> None:
     assert read.ts == run.end_ts and L.ARG_RAY_EVENTS_MISSING not in run.args
 
 
+def test_a_task_killed_with_no_execution_gets_its_last_attempts_states(tmp_path: Path) -> None:
+    """A task that failed with no execution (its worker killed) wants its Ray states alone:
+    drawn once its last attempt there has ended (an earlier attempt's end is not enough),
+    its attempts' one after another; one whose states never come is counted missing."""
+    from tracer.ray.timeline import RayTaskEvents
+
+    path = tmp_path / "killed.perfetto-trace"
+    request = ResourceRequest(num_cpus=1)
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="killed", loop_pid=77, loop_tid=77)
+        tl.expect_ray_events()
+        k = tl.task_created(TimelineTask, "k", 0, request, T0, stage_name="hog")
+        lost = tl.task_created(TimelineTask, "lost", 0, request, T0, stage_name="hog")
+        for task in (k, lost):
+            tl.task_dispatched(task, T0 + 1 * MS)
+            tl.task_ended(task, T0 + 30 * MS, {L.ARG_STATUS: L.STATUS_FAILED})
+            tl.expect_ray_states(task, task.task_id * 2)
+        assert sorted(tl.ray_events_wanted()) == ["kk", "lostlost"]
+        first = ((L.STATE_PENDING_NODE, T0 + 2 * MS), (L.STATE_RUNNING, T0 + 3 * MS),
+                 (L.STATE_FAILED, T0 + 10 * MS))
+        retry = ((L.STATE_PENDING_NODE, T0 + 11 * MS), (L.STATE_SUBMITTED, T0 + 12 * MS),
+                 (L.STATE_RUNNING, T0 + 13 * MS))
+        attempt0 = RayTaskEvents("kk", 0, "hog", states=first)
+        running = RayTaskEvents("kk", 1, "hog", states=retry)
+        # Attempt 0 ended, but Ray retried it: not complete until attempt 1 ends.
+        assert not tl.ray_events_complete([attempt0, running], ["kk"])
+        assert tl.ray_events([attempt0, running]) == 0
+        killed = RayTaskEvents("kk", 1, "hog", states=(*retry, (L.STATE_FAILED, T0 + 25 * MS)))
+        assert tl.ray_events_complete([attempt0, killed], ["kk"])
+        assert tl.ray_events([killed, attempt0]) == 1
+        assert tl.ray_events_wanted() == ["lostlost"]
+        assert tl.ray_events([], final=True) == 0
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    head, states = states_of(model, "k")
+    assert (head.name, head.ts, head.end_ts) == (
+        L.RAY_STATES_PREFIX + "hog", T0 + 1 * MS, T0 + 30 * MS)
+    assert [(s.name, s.ts, s.end_ts) for s in states] == [
+        (L.STATE_PENDING_NODE, T0 + 2 * MS, T0 + 3 * MS),
+        (L.STATE_RUNNING, T0 + 3 * MS, T0 + 10 * MS),
+        (L.STATE_FAILED, T0 + 10 * MS, T0 + 11 * MS),  # attempt 0, until Ray retried it
+        (L.STATE_PENDING_NODE, T0 + 11 * MS, T0 + 12 * MS),
+        (L.STATE_SUBMITTED, T0 + 12 * MS, T0 + 13 * MS),
+        (L.STATE_RUNNING, T0 + 13 * MS, T0 + 25 * MS),
+        (L.STATE_FAILED, T0 + 25 * MS, T0 + 30 * MS),
+    ]
+    assert not [s for s in model.slices if s.args.get(L.ARG_TASK_ID) == "lost"
+                and (s.name or "").startswith(L.RAY_STATES_PREFIX)]
+    (read,) = [i for i in model.instants if i.name == L.INSTANT_RAY_EVENTS]
+    assert read.args[L.ARG_RAY_EVENTS_MISSING] == 1
+
+
 def test_ray_events_timed_out_of_place_are_clamped(tmp_path: Path) -> None:
     """Ray times phases and states on its own clocks (another node's, another process's):
     a phase outside the task's span in the worker is clamped into it, one that starts

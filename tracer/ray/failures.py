@@ -108,6 +108,13 @@ class Failures:
                 )
             self._measured.pop(task_id, None)
             return
+        # Ray's id of a task with no measurements (its worker killed, crashed or lost):
+        # its states say whether and when it ran. Taken before its refs are dropped.
+        ray_id = ""
+        if metrics is None and task is not None:
+            ray_id = ray_task_id(
+                task.metrics_ref if task.metrics_ref is not None else task.ray_task
+            )
         if len(self._seen) < _MAX_REMEMBERED:
             self._seen[text_key] = task_id
         if metrics is not None and metrics.get("ray_task_id") and (
@@ -134,6 +141,8 @@ class Failures:
             self._finish(task, now, {L.ARG_STATUS: status, **err, **where, **memory, **attempts})
         self._measured.pop(task_id, None)
         timeline = self.timeline
+        if ray_id and task is not None:
+            timeline.expect_ray_states(task, ray_id)
         if metrics is not None:
             metrics.setdefault("error_type", err[L.ARG_ERROR_TYPE])
             metrics.setdefault("error", err[L.ARG_ERROR])

@@ -23,6 +23,11 @@ draws them where the run timeline drew that execution:
   nested in the task's own lane, they would be written seconds behind the
   lane's later tasks, outside the reader's window.
 
+A task that failed with no execution to draw (its worker killed by Ray's
+OOM killer, crashed, or lost with its node) gets its states alone, those of
+each of its attempts, one after another (:meth:`RayPhases.expect_states`): whether and when it
+reached a worker and ran there before it failed.
+
 Both are written late (Ray reports its events about a second after they
 happen), at their true times. Which executions still wait for their events
 is kept here (:meth:`RayPhases.expect`), so the producer knows what to ask Ray
@@ -130,6 +135,10 @@ class RayPhases:
         #: Off until a producer reads Ray's events: nothing is kept for them then.
         self.enabled = False
         self._expected: dict[tuple[str, int], _Expected] = {}
+        #: Tasks that failed with no execution to draw (a worker killed, crashed or
+        #: lost): only their states are wanted, the task and its stage's name by Ray's
+        #: task id. They say whether and when it reached a worker and ran there.
+        self._states_only: dict[str, tuple[TimelineTask, str]] = {}
         #: Events Ray said it dropped (its caps), as the producer last read them.
         self.dropped_by_ray = 0
 
@@ -141,9 +150,18 @@ class RayPhases:
         if self.enabled and ray_task_id:
             self._expected[(ray_task_id, attempt)] = _Expected(task, task_id, worker, name, end)
 
+    def expect_states(self, ray_task_id: str, task: TimelineTask, name: str) -> None:
+        """``task`` (of the stage ``name``) failed with no execution drawn: its Ray states
+        are wanted, those of its attempts (drawn once Ray recorded the last one's end)."""
+        if self.enabled and ray_task_id:
+            self._states_only[ray_task_id] = (task, name)
+
     def wanted(self) -> list[str]:
         """Ray task ids whose events are still wanted (each once, whatever its attempts)."""
-        return list(dict.fromkeys([key[0] for key in self._expected]))
+        ids = dict.fromkeys([key[0] for key in self._expected])
+        if self._states_only:
+            ids.update(dict.fromkeys(self._states_only))
+        return list(ids)
 
     def probes(self, limit: int) -> list[str]:
         """Per worker, the wanted execution that ended last (the ``limit`` latest of them).
@@ -168,12 +186,19 @@ class RayPhases:
             if (ev.ray_task_id, ev.attempt) in self._expected:
                 complete = ev.span is not None and ev.ended
                 ids[ev.ray_task_id] = ids.get(ev.ray_task_id, True) and complete
-        return {ray_task_id for ray_task_id, complete in ids.items() if complete}
+        complete_ids = {ray_task_id for ray_task_id, complete in ids.items() if complete}
+        if self._states_only:
+            complete_ids.update(
+                ray_task_id for ray_task_id, attempts in self._attempts(events).items()
+                if attempts[-1].ended
+            )
+        return complete_ids
 
     @property
     def missing(self) -> int:
-        """Executions whose Ray events have not been drawn (all of them, or the worker's part)."""
-        return len(self._expected)
+        """Executions whose Ray events have not been drawn (all of them, or the worker's
+        part), and failed tasks whose states have not."""
+        return len(self._expected) + len(self._states_only)
 
     def draw(self, events: Iterable[RayTaskEvents], final: bool = False) -> int:
         """Draw the events of expected executions; returns how many are complete now.
@@ -181,10 +206,18 @@ class RayPhases:
         An attempt's events are complete once Ray has both its end state and
         its worker's phases; before that nothing is drawn (they are asked for
         again), unless ``final``: then what there is is drawn, and the
-        execution stays counted as missing if its phases never came.
+        execution stays counted as missing if its phases never came. A failed
+        task expected for its states alone (:meth:`expect_states`) is complete
+        once its last attempt there has ended.
         """
         done = 0
         ordered = sorted(events, key=lambda e: e.span[0] if e.span else 0)
+        if self._states_only:
+            for ray_task_id, attempts in self._attempts(ordered).items():
+                if attempts[-1].ended or final:
+                    task, name = self._states_only.pop(ray_task_id)
+                    self.draw_attempts_states(task, name, attempts)
+                    done += 1
         for ev in ordered:
             key = (ev.ray_task_id, ev.attempt)
             exp = self._expected.get(key)
@@ -196,7 +229,8 @@ class RayPhases:
             if ev.span is not None and not exp.phases_drawn:
                 self._phases(exp, ev)
                 exp.phases_drawn = True
-            self._states(exp, ev)
+            if exp.task is not None:
+                self._states(exp.task, exp.name, ev)
             if ev.span is not None:
                 del self._expected[key]
                 done += 1
@@ -236,10 +270,31 @@ class RayPhases:
             last = p_end
         finish(track, end)
 
-    def _states(self, exp: _Expected, ev: RayTaskEvents) -> None:
+    def _attempts(self, events: Iterable[RayTaskEvents]) -> dict[str, list[RayTaskEvents]]:
+        """Of the tasks expected for their states alone, each one's attempts among
+        ``events``, in order (Ray begins a retry after the attempt before it ended)."""
+        found: dict[str, list[RayTaskEvents]] = {}
+        states_only = self._states_only
+        for ev in events:
+            if ev.ray_task_id in states_only:
+                found.setdefault(ev.ray_task_id, []).append(ev)
+        for attempts in found.values():
+            attempts.sort(key=lambda ev: ev.attempt)
+        return found
+
+    def draw_attempts_states(
+        self, task: TimelineTask, name: str, attempts: list[RayTaskEvents]
+    ) -> None:
+        """Ray's states of a task with no execution: its attempts' (in order, each after
+        the one before, so one after another in its slice), now."""
+        if not self.enabled or not attempts:
+            return
+        states = tuple(state for ev in attempts for state in ev.states)
+        self._states(task, name, dataclasses.replace(attempts[-1], states=states))
+
+    def _states(self, task: TimelineTask, name: str, ev: RayTaskEvents) -> None:
         """Ray's states within the task's 'dispatched' slice, once that slice has ended."""
-        task = exp.task
-        if task is None or task.ray_states_drawn or not ev.states:
+        if task.ray_states_drawn or not ev.states:
             return
         if task.dispatch_ts is None or task.end_ts is None:
             return
@@ -255,7 +310,7 @@ class RayPhases:
         if task.attempt:
             head[L.ARG_ATTEMPT] = task.attempt
         begin, finish = w.begin, w.end
-        begin(track, L.RAY_STATES_PREFIX + exp.name, lo, category=L.CAT_RAY, args=head)
+        begin(track, L.RAY_STATES_PREFIX + name, lo, category=L.CAT_RAY, args=head)
         # Each state from its start, clamped into [lo, hi], until the next one's (the
         # last until hi); one that would not last is not drawn, but for
         # SUBMITTED_TO_WORKER: a task can reach its worker before its producer says it

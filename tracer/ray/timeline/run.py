@@ -650,6 +650,16 @@ class RunTimeline:
         """
         self._awaited.add(task, ray_task_id, error)
 
+    def expect_ray_states(self, task: TimelineTask, ray_task_id: str) -> None:
+        """``task`` ended failed with no execution to draw (its worker killed, crashed or
+        lost): Ray's states of its attempts are drawn once read, which say whether and
+        when it reached a worker and ran. Needs a producer of Ray's events."""
+        self._ray.expect_states(ray_task_id, task, self._stage_name(task))
+
+    def _stage_name(self, task: TimelineTask) -> str:
+        stage = self.stages.get(task.stage_id)
+        return stage.name if stage is not None else "task"
+
     def ray_events_wanted(self) -> list[str]:
         """Ray task ids whose events are wanted: awaited executions, and drawn executions
         whose Ray events have not been drawn yet."""
@@ -695,11 +705,14 @@ class RunTimeline:
 
     def _draw_awaited(self, task: TimelineTask, attempts: list[RayTaskEvents]) -> None:
         """The executions of an awaited task, one per attempt that ran a body; a mark
-        where an attempt failed without one (its worker killed)."""
+        where an attempt failed without one (its worker killed); then, with no execution
+        at all, its attempts' states."""
+        drawn = False
         for ev in attempts:
             m = measurements(ev)
             if m is not None:
                 self.execution(m, task)  # its phases are drawn with it (expected now)
+                drawn = True
             elif ev.failed_at is not None and ev.ran and (ev.worker_pid or ev.node_id):
                 cancelled = ev.error_type in CANCEL_ERRORS
                 self.mark(
@@ -709,6 +722,9 @@ class RunTimeline:
                     {L.ARG_TASK_ID: task.task_id, L.ARG_ERROR_TYPE: ev.error_type,
                      L.ARG_ERROR: ev.error},
                 )
+        if not drawn:
+            self._ray.draw_attempts_states(
+                task, self._stage_name(task), sorted(attempts, key=lambda ev: ev.attempt))
         stage = self.stages.get(task.stage_id)
         if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
             self.stages.write(stage)
