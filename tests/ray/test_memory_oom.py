@@ -151,14 +151,14 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     assert _process_of(model, mark.track_uuid).uuid == node.uuid
     # When the runner saw it: after the task was dispatched, before the task slice ended.
     assert tasks["0-1"].ts <= mark.ts <= tasks["0-1"].ts + (tasks["0-1"].dur or 0)
-    # Ray's states of the killed task (it has no execution): it reached the worker and ran
-    # there until Ray recorded it failed, before the runner saw it.
+    # Ray's states of the killed task (it has no execution): pushed to its worker, failed
+    # (RUNNING too, but the worker reports it: killed before its next report, it is lost).
     (head,) = [s for s in model.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)
                and s.args.get(L.ARG_TASK_ID) == "0-1"]
     assert head.name == L.RAY_STATES_PREFIX + "hog"
     states = sorted((s for s in model.slices if s.parent_id == head.id), key=lambda s: s.ts)
     names = [s.name for s in states]
-    assert L.STATE_RUNNING in names and names[-1] == L.STATE_FAILED, names
+    assert L.STATE_SUBMITTED in names and names[-1] == L.STATE_FAILED, names
     assert states[-1].ts <= mark.ts
     # The killed worker's memory counters (if it ran the partition that fit: one CPU,
     # one worker) end at 0 where the kill was seen, not at its last task's figures.

@@ -130,6 +130,13 @@ def test_the_kill_is_marked_where_it_happened(oom: dict[str, Any]) -> None:
     assert worker.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
     node = model.parent_of(worker.uuid)
     assert node is not None and node.name is not None and node_id[:8] in node.name
+    # Ray's states of the killed task (it has no execution): pushed to its worker, failed
+    # (RUNNING too, but the worker reports it: killed before its next report, it is lost).
+    (head,) = [s for s in model.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)
+               and s.args.get(L.ARG_TASK_ID) == args[L.ARG_TASK_ID]]
+    states = sorted((s for s in model.slices if s.parent_id == head.id), key=lambda s: s.ts)
+    names = [s.name for s in states]
+    assert L.STATE_SUBMITTED in names and names[-1] == L.STATE_FAILED, names
     # Its measurements never come (the worker died): not counted as lost.
     (run,) = [s for s in model.slices if s.name == L.SLICE_EXECUTION and s.depth == 0]
     assert run.args[L.ARG_LOST_MEASUREMENTS] == 0

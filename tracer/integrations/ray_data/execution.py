@@ -22,7 +22,7 @@ the runner's layout:
   the task's end are in (the end brings Ray Data's USS peak, the execution's
   actual memory at level 1);
 * a task killed by Ray (OOM killer, crashed worker) is marked where Ray's
-  error says it ran;
+  error says it ran, and its Ray states drawn (whether and when it ran);
 * **Ray's own events** of the tasks (:mod:`tracer.ray.events_channel`, as a
   runner's: read by the flusher thread and after the execution ended, in a
   thread of their own, :mod:`tracer.ray.finishing`): Ray's phases nested in
@@ -324,10 +324,10 @@ class ExecutionTracer:
             self._write_executions(task)
         elif not task.expects_measurements:
             del self._tasks[task.key]
-            if (
-                self._ray_events is not None and not stage.measured and task.ray_task_id
-                and not task.killed
-            ):
+            if self._ray_events is not None and task.ray_task_id and task.killed:
+                # Marked where it was killed; Ray's states say whether and when it ran.
+                self._timeline.expect_ray_states(task, task.ray_task_id)
+            elif self._ray_events is not None and not stage.measured and task.ray_task_id:
                 # Nothing of ours ran in its worker (an all-to-all operator's task):
                 # Ray's events say where and when it ran; how it failed, as read here.
                 error = None
@@ -360,7 +360,7 @@ class ExecutionTracer:
         if root_cause(error) is not error:
             return args  # the task's own exception: its measurements will say where
         task.expects_measurements = False
-        task.killed = True  # marked here; Ray's events of it would say no more
+        task.killed = True  # marked here; of Ray's events, only its states say more
         node_id, pid = where_from_error(error)
         memory = kill_args(error)
         killed = killed_workers(error)
