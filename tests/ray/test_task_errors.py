@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tracer.ray import layout as L
@@ -90,13 +92,14 @@ _OOM_250 = (
 )
 
 
-def _oom_260(*workers: tuple[int, str], actors: tuple[tuple[int, str], ...] = ()) -> str:
-    """Ray 2.60's report of the workers killed in one round (as real runs printed it)."""
+def _oom_260(*workers: tuple[Any, ...], actors: tuple[tuple[int, str], ...] = ()) -> str:
+    """Ray 2.60's report of the workers killed in one round (as real runs printed it);
+    a worker is (pid, memory used), or (pid, memory used, the name of its Ray task)."""
     selected = "".join(
         "Selected to kill: (Task: job ID=01000000, lease ID=0300000001000000ffff, task "
-        f"name=explode, required resources={{CPU: 1, memory: 1e+08}}, pid={pid}, actual "
-        f"memory used={used}, worker ID=d85c436c8c73e9c1)\n"
-        for pid, used in workers
+        f"name={w[2] if len(w) > 2 else 'explode'}, required resources={{CPU: 1, memory: "
+        f"1e+08}}, pid={w[0]}, actual memory used={w[1]}, worker ID=d85c436c8c73e9c1)\n"
+        for w in workers
     ) + "".join(
         "Selected to kill: (Actor(8a1fa46c0c2ca8511437cb3401000000): job ID=01000000, lease "
         "ID=020000004f3e, task name=tracer-metrics-raydata-01000000-0:MetricsActor.__init__, "
@@ -145,6 +148,35 @@ def test_an_oom_report_says_where_only_what_it_knows(
         named = {int(p): used for p, used in args[L.ARG_OOM_KILLED_WORKERS].items()}
         assert len(named) > 1 and min(named.values()) == at_kill
         assert named.items() <= killed.items()
+
+
+def test_a_report_of_several_workers_names_the_task_each_ran() -> None:
+    """Ray 2.60 names the Ray task each killed worker ran (Ray Data's tasks are named
+    after their operator, the reference runner's after their stage): a killed task gets
+    its own worker's figure, not the least of all (a map task that used 0.40 GB was said
+    to have used the 0.07 GB of a read task killed with it, and was told to ask for
+    less); where several workers ran tasks of its name, the least of theirs."""
+    text = _oom_260((13643, "0.07GB", "ReadRange"), (13570, "0.40GB", "MapBatches(hog)"),
+                    (13571, "0.30GB", "MapBatches(f, g)"), (13572, "0.20GB", "MapBatches(f, g)"),
+                    actors=((13560, "0.06GB"),))
+    error = OutOfMemoryError(text)
+    assert where_from_error(error, "MapBatches(hog)") == (_NODE_ID, 13570)
+    assert kill_args(error, "MapBatches(hog)") == {L.ARG_MEMORY_AT_KILL: gb(0.4)}
+    assert kill_args(error, "ReadRange") == {L.ARG_MEMORY_AT_KILL: gb(0.07)}
+    # Two workers ran tasks of that name: either may have been this one's.
+    assert where_from_error(error, "MapBatches(f, g)") == (_NODE_ID, 0)
+    assert kill_args(error, "MapBatches(f, g)") == {
+        L.ARG_MEMORY_AT_KILL: gb(0.2),
+        L.ARG_OOM_KILLED_WORKERS: {"13571": gb(0.3), "13572": gb(0.2)},
+    }
+    # A name the report does not have (or none): every task worker is a candidate.
+    for name in (None, "other"):
+        assert where_from_error(error, name) == (_NODE_ID, 0)
+        args = kill_args(error, name)
+        assert args[L.ARG_MEMORY_AT_KILL] == gb(0.07)
+        assert set(args[L.ARG_OOM_KILLED_WORKERS]) == {"13643", "13570", "13571", "13572"}
+    assert killed_workers(error) == {13643: gb(0.07), 13570: gb(0.4), 13571: gb(0.3),
+                                     13572: gb(0.2), 13560: gb(0.06)}
 
 
 def test_only_an_oom_kill_names_killed_workers() -> None:

@@ -73,65 +73,79 @@ _KILL_MEMORY_RE = re.compile(r"(?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)")
 #: task it killed gets that same report; Ray 2.50 names the one worker it killed.
 _KILLED_RE = re.compile(r"pid=(\d+), (?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)")
 _SELECTED_RE = re.compile(
-    r"Selected to kill: \((Task|Actor)\b[^\n]*?pid=(\d+), (?:actual )?memory used="
-    r"([0-9.]+)\s*([KMGT]?B)"
+    r"Selected to kill: \((Task|Actor)\b[^\n]*?"
+    r"(?:task name=([^\n]*?), (?=required resources=|pid=)[^\n]*?)?"
+    r"pid=(\d+), (?:actual )?memory used=([0-9.]+)\s*([KMGT]?B)"
 )
 #: Ray's "GB" are GiB: one report reads "23.54GB limit" and "25276194816B limit" for the
 #: same node. Two decimals: 0.50GB is 512 MiB +- 5 MiB.
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
-def _killed(error: BaseException) -> list[tuple[str, int, int]]:
-    """(kind, pid, bytes) of each worker Ray's OOM report names; kind "Task" or "Actor"
-    (Ray 2.60), "" where the report does not say (Ray 2.50's)."""
+def _killed(error: BaseException) -> list[tuple[str, str, int, int]]:
+    """(kind, Ray's task name, pid, bytes) of each worker Ray's OOM report names; kind
+    "Task" or "Actor" and the name of what it ran (Ray 2.60), "" where the report does not
+    say (Ray 2.50's)."""
     if not is_oom_kill(error):
         return []
     text = str(error)
     selected = _SELECTED_RE.findall(text)
     if selected:
-        return [(kind, int(pid), int(float(n) * _UNITS[u])) for kind, pid, n, u in selected]
-    return [("", int(pid), int(float(n) * _UNITS[u])) for pid, n, u in _KILLED_RE.findall(text)]
+        return [(kind, name.strip(), int(pid), int(float(n) * _UNITS[u]))
+                for kind, name, pid, n, u in selected]
+    return [("", "", int(pid), int(float(n) * _UNITS[u]))
+            for pid, n, u in _KILLED_RE.findall(text)]
 
 
 def killed_workers(error: BaseException) -> dict[int, int]:
     """Every worker Ray's OOM report says it killed (actors' too): pid -> its memory use
     then, in bytes. Their processes are gone."""
-    return {pid: used for _, pid, used in _killed(error)}
+    return {pid: used for _, _, pid, used in _killed(error)}
 
 
-def oom_candidates(error: BaseException) -> dict[int, int]:
+def oom_candidates(error: BaseException, task_name: str | None = None) -> dict[int, int]:
     """The killed workers that may have run the task: those running a task, where the
     report tells (an actor's worker runs no task of the runner's: Ray Data's stats
-    actor, tracer's metrics actor), else all. One: it is the task's."""
+    actor, tracer's metrics actor), else all; of those, the ones running a Ray task
+    named ``task_name`` when there are any (Ray Data's tasks and the reference runner's
+    are named after their stage). One: it is the task's."""
     killed = _killed(error)
-    tasks = {pid: used for kind, pid, used in killed if kind == "Task"}
-    return tasks or {pid: used for _, pid, used in killed}
+    tasks = {pid: used for kind, _, pid, used in killed if kind == "Task"}
+    if task_name and tasks:
+        named = {pid: used for kind, name, pid, used in killed
+                 if kind == "Task" and name == task_name}
+        if named:
+            return named
+    return tasks or {pid: used for _, _, pid, used in killed}
 
 
-def kill_args(error: BaseException) -> dict[str, Any]:
+def kill_args(error: BaseException, task_name: str | None = None) -> dict[str, Any]:
     """A task's annotations from Ray's OOM report (none for another error): the memory
     its worker used at the kill, and the workers it may have run in when the report
     names several (``layout.ARG_OOM_KILLED_WORKERS``). What every producer writes on a
-    killed task's slice and its mark."""
+    killed task's slice and its mark. ``task_name``: the name Ray knows the task by,
+    where the producer knows it (see :func:`oom_candidates`)."""
     args: dict[str, Any] = {}
-    at_kill = memory_at_kill(error)
+    at_kill = memory_at_kill(error, task_name)
     if at_kill:
         args[L.ARG_MEMORY_AT_KILL] = at_kill
-    candidates = oom_candidates(error)
+    candidates = oom_candidates(error, task_name)
     if len(candidates) > 1:  # which of them ran this task, Ray's report does not say
         args[L.ARG_OOM_KILLED_WORKERS] = {str(p): b for p, b in candidates.items()}
     return args
 
 
-def memory_at_kill(error: BaseException) -> int | None:
+def memory_at_kill(error: BaseException, task_name: str | None = None) -> int | None:
     """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``).
 
-    A report of several task workers killed at once does not say which ran
-    this task (every task killed then gets the same text): the least of
-    theirs, which the task's worker used at least, rather than the first
-    worker's (half the tasks of a round got another worker's figure).
+    A report of several task workers killed at once names the Ray task each
+    ran, not which of those tasks this one was (every task killed then gets
+    the same text): the worker running a task of this one's name
+    (``task_name``) where there is one; of several, the least of theirs,
+    which the task's worker used at least, rather than the first worker's
+    (half the tasks of a round got another worker's figure).
     """
-    candidates = oom_candidates(error)
+    candidates = oom_candidates(error, task_name)
     if candidates:
         return min(candidates.values())
     match = _KILL_MEMORY_RE.search(str(error))
@@ -152,17 +166,18 @@ _PID_RE = re.compile(r"pid=(\d+)")
 _NODE_RE = re.compile(r"ID: ([0-9a-f]{16,})")
 
 
-def where_from_error(error: BaseException) -> tuple[str | None, int]:
+def where_from_error(
+    error: BaseException, task_name: str | None = None
+) -> tuple[str | None, int]:
     """Node id and worker pid that Ray's error names (OOM kills and crashes say both).
 
     The pid is 0 (unknown) when an OOM report names several killed task
-    workers: it does not say which of them ran this task (see
-    :func:`oom_candidates`).
+    workers that may have run this task (see :func:`oom_candidates`).
     """
     pid = getattr(error, "pid", None)
     text = str(error)
     if not isinstance(pid, int):
-        candidates = oom_candidates(error)
+        candidates = oom_candidates(error, task_name)
         if candidates:
             pid = next(iter(candidates)) if len(candidates) == 1 else 0
         else:

@@ -307,7 +307,7 @@ class ExecutionTracer:
         now = self.writer.now()
         end = self._io_args(task)
         if error is not None:
-            end.update(self.failure(task, error, now))
+            end.update(self.failure(task, error, now, stage.name))
         self.end(stage, task, now, end)
 
     def end(self, stage: Stage, task: DataTask, now: int, end_args: dict[str, Any]) -> None:
@@ -349,20 +349,24 @@ class ExecutionTracer:
         })
         return args
 
-    def failure(self, task: DataTask, error: BaseException, now: int) -> dict[str, Any]:
+    def failure(
+        self, task: DataTask, error: BaseException, now: int, op_name: str | None = None
+    ) -> dict[str, Any]:
         """The task's end annotations for ``error``; a task Ray killed is marked where it ran.
 
         A task whose own code raised sends its measurements (its execution then
         shows the error); one that Ray killed (OOM killer, a crashed worker, a
-        lost node) never will: Ray's error says where it ran.
+        lost node) never will: Ray's error says where it ran. ``op_name``: its
+        operator's name, which Ray Data gives its tasks: an OOM report of
+        several workers names the task each ran.
         """
         args: dict[str, Any] = {L.ARG_STATUS: L.STATUS_FAILED, **data_error_args(error)}
         if root_cause(error) is not error:
             return args  # the task's own exception: its measurements will say where
         task.expects_measurements = False
         task.killed = True  # marked here; of Ray's events, only its states say more
-        node_id, pid = where_from_error(error)
-        memory = kill_args(error)
+        node_id, pid = where_from_error(error, op_name)
+        memory = kill_args(error, op_name)
         killed = killed_workers(error)
         args.update(memory)
         if node_id:

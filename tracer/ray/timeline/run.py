@@ -654,9 +654,10 @@ class RunTimeline:
         """``task`` ended failed with no execution to draw (its worker killed, crashed or
         lost): Ray's states of its attempts are drawn once read, which say whether and
         when it reached a worker and ran. Needs a producer of Ray's events."""
-        self._ray.expect_states(ray_task_id, task, self._stage_name(task))
+        self._ray.expect_states(ray_task_id, task, self.stage_name(task))
 
-    def _stage_name(self, task: TimelineTask) -> str:
+    def stage_name(self, task: TimelineTask) -> str:
+        """The name of ``task``'s stage ("task" for a stage not known)."""
         stage = self.stages.get(task.stage_id)
         return stage.name if stage is not None else "task"
 
@@ -724,7 +725,7 @@ class RunTimeline:
                 )
         if not drawn:
             self._ray.draw_attempts_states(
-                task, self._stage_name(task), sorted(attempts, key=lambda ev: ev.attempt))
+                task, self.stage_name(task), sorted(attempts, key=lambda ev: ev.attempt))
         stage = self.stages.get(task.stage_id)
         if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
             self.stages.write(stage)
