@@ -73,6 +73,24 @@ def test_the_rule(known: Path) -> None:
     assert "no request today" in free["note"]
 
 
+def test_a_task_killed_under_its_request_does_not_count(tmp_path: Path) -> None:
+    """Ray kills several workers at once: a task killed using less than its request was
+    killed for the others' memory, and that lower bound must not pull its stage's request
+    down (a read task killed at 40 MiB beside a map task that blew up had its stage told
+    to ask for less than it did). Over its request, it counts."""
+    path = B.write([("side", 64 * MIB, -40 * MIB), ("side", 64 * MIB, 10 * MIB),
+                    ("blown", 64 * MIB, -90 * MIB), ("blown", 64 * MIB, 10 * MIB)],
+                   tmp_path / "collateral.perfetto-trace")
+    rows = suggestions(path)
+    side = rows["side"]
+    assert (side["peak_max_bytes"], side["peak_basis"], side["suggested_bytes"]) == (
+        10 * MIB, "heap", 13 * MIB)
+    assert side["oom_killed"] == 1 and "under their request" in side["note"]
+    blown = rows["blown"]
+    assert (blown["peak_max_bytes"], blown["peak_basis"]) == (90 * MIB, "at kill")
+    assert "lower bound" in blown["note"]
+
+
 def test_headroom_node_memory_and_their_errors(known: Path) -> None:
     rows = suggestions(known, headroom=2, node_memory=GIB)
     assert rows["map"]["suggested_bytes"] == 32 * MIB and rows["map"]["headroom"] == 2.0

@@ -8,7 +8,10 @@ both engines give the same suggestions. The rule, per stage:
   1.25), rounded up to a whole MiB (at least 1 MiB: a task with no request
   reserves nothing, which is how clusters overcommit). A task Ray's OOM killer
   killed counts with the memory its worker used at the kill, a lower bound of
-  what it needed (the note says so).
+  what it needed (the note says so), where that is above its request: killed
+  under its request, it was killed for the memory of others (Ray kills
+  several workers at once), and a lower bound under the request cannot say
+  the request should be lower.
 * **tasks per node**: how many tasks of that size Ray would place on one node
   at once by memory alone (CPUs and GPUs may allow fewer): the node's
   ``memory`` resource // the request. The node's size is the trace's
@@ -96,6 +99,9 @@ def memory_suggestions(
     killed_at: dict[Any, int] = {}
     for row in records(q.memory_flagged()):
         if row["reason"] == "oom killed" and row["peak_bytes"] is not None:
+            requested = row["requested_bytes"]
+            if not is_missing(requested) and requested and row["peak_bytes"] <= requested:
+                continue  # killed under its request: see the module doc
             key = row["stage_id"]
             killed_at[key] = max(killed_at.get(key, 0), int(row["peak_bytes"]))
     node_bytes = node_memory if node_memory is not None else _observed_node_memory(q)
@@ -118,10 +124,15 @@ def _suggest(
     notes = []
     if killed_at is not None and (peak is None or killed_at > peak):
         peak, basis = killed_at, "at kill"
-    if stage["oom_killed"]:
+    if stage["oom_killed"] and killed_at is not None:
         notes.append(
             f"{stage['oom_killed']} task(s) killed by Ray's OOM killer: the peak is at least "
             "their memory at the kill, so this is a lower bound"
+        )
+    elif stage["oom_killed"]:
+        notes.append(
+            f"{stage['oom_killed']} task(s) killed by Ray's OOM killer under their request "
+            "(for other tasks' memory): not counted"
         )
     if basis == "rss":
         notes.append(
