@@ -29,9 +29,11 @@ Task = tuple[str, int | None, int | None]
 def write(
     tasks: Sequence[Task], path: Path | None = None, *, level: int = 2,
     cluster_memory: int = 8 * 1024 * MIB, execution_id: str = "synthetic", nodes: int = 1,
+    uss: bool = False,
 ) -> Path:
     """A trace of ``tasks`` (at ``path``, else tracer's default path: $TRACER_TRACE_DIR),
-    run on ``nodes`` nodes in turn (each task on the next)."""
+    run on ``nodes`` nodes in turn (each task on the next); ``uss``: each execution also
+    has the engine's USS peak (as Ray Data's at level 1)."""
     path = path or default_trace_path("synthetic", execution_id)
     t = 1_000_000_000_000
     with TraceWriter(path, clock=lambda: t) as w:
@@ -63,6 +65,8 @@ def write(
                 }
                 if level >= 2:
                     measured["heap_peak"] = peak
+                if uss:
+                    measured["uss_peak"] = peak + WORKER_BASELINE
                 run.execution(measured, task)
             run.task_ended(task, start + 900, end_args)
         run.close()

@@ -123,6 +123,18 @@ def test_level_1_peaks_are_rss(tmp_path: Path) -> None:
     assert "level-1 peaks are the worker's private RSS" in row["note"]
 
 
+def test_level_1_uss_peaks_are_said_to_be_uss(tmp_path: Path) -> None:
+    """Ray Data's level 1: the peaks are its USS figures, and the suggestion says so, as the
+    task table does (it said 'rss')."""
+    path = B.write([("map", 4 * MIB, 16 * MIB)], tmp_path / "uss.perfetto-trace", level=1,
+                   uss=True)
+    (row,) = suggestions(path).values()
+    assert row["peak_basis"] == "uss" and row["peak_max_bytes"] == 16 * MIB + B.WORKER_BASELINE
+    assert "level-1 peaks are the worker's private RSS (or USS)" in row["note"]
+    (task,) = records(TraceQuery(path, QueryConfig(engine="reader")).task_latency())
+    assert task["peak_source"] == "uss"
+
+
 def test_both_engines_suggest_the_same(known: Path, trace_processor_bin: str) -> None:
     ours = suggestions(known)
     theirs = suggestions(known, "trace_processor", trace_processor_bin)

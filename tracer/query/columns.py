@@ -57,6 +57,7 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("total_ns", _I),
         ("memory_requested", _I),
         ("memory_peak", _I),
+        ("peak_source", _S),
         ("sched_queue_ns", _I),
         ("sched_push_ns", _I),
         ("sched_args_ns", _I),

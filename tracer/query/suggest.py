@@ -26,8 +26,9 @@ peak of the task (what the task itself allocated, without the worker's own
 memory), at level 1 the worker's private RSS peak (~60 MiB of its own in a Ray
 worker), or its USS peak where the engine measured one (Ray Data, ~100 MiB);
 both include that baseline, so the suggestion is too high by about that much.
-``peak_basis`` says which (``"heap"``, ``"rss"``, or ``"at kill"`` when the
-largest is a killed task's).
+``peak_basis`` says which (``"heap"``, ``"rss"``, ``"uss"``, as the largest
+peak's ``peak_source`` in ``task_latency``, or ``"at kill"`` when the largest
+is a killed task's).
 """
 
 from __future__ import annotations
@@ -96,6 +97,15 @@ def memory_suggestions(
             raise InvalidSizeError(f"{what}, got {given!r}")
     level = q.run_info().get("tracing_level")
     basis = _BASIS.get(level) if isinstance(level, int) else None
+    # What each stage's largest peak is, as task_latency says (Ray Data's level 1: USS).
+    sources: dict[Any, tuple[int, str]] = {}
+    for row in records(q.task_latency()):
+        peak, source = row["memory_peak"], row["peak_source"]
+        if is_missing(peak) or is_missing(source):
+            continue
+        seen = sources.get(row["stage_id"])
+        if seen is None or peak > seen[0]:
+            sources[row["stage_id"]] = (int(peak), str(source))
     killed_at: dict[Any, int] = {}
     for row in records(q.memory_flagged()):
         if row["reason"] == "oom killed" and row["peak_bytes"] is not None:
@@ -107,7 +117,9 @@ def memory_suggestions(
     node_bytes = node_memory if node_memory is not None else _observed_node_memory(q)
     rows = []
     for stage in records(q.memory_by_stage()):
-        rows.append(_suggest(stage, killed_at.get(stage["stage_id"]), basis, headroom, node_bytes))
+        source = sources.get(stage["stage_id"])
+        rows.append(_suggest(stage, killed_at.get(stage["stage_id"]),
+                             source[1] if source is not None else basis, headroom, node_bytes))
     frame = pd.DataFrame(
         {c: pd.array([r[c] for r in rows], dtype=t) for c, t in SUGGESTION_COLUMNS.items()},
         columns=list(SUGGESTION_COLUMNS),
@@ -134,7 +146,7 @@ def _suggest(
             f"{stage['oom_killed']} task(s) killed by Ray's OOM killer under their request "
             "(for other tasks' memory): not counted"
         )
-    if basis == "rss":
+    if basis in ("rss", "uss"):
         notes.append(
             "level-1 peaks are the worker's private RSS (or USS), including its own "
             "~60-100 MiB")

@@ -3,7 +3,8 @@
 -- runner), scheduling (dispatched -> started, Ray), running (the task body),
 -- pickup (finished -> received by the runner); total = created -> received;
 -- then Ray's parts of scheduling and pickup (sched_*, pickup_*: NULL where the
--- trace lacks the Ray events they need; see tracer_tables.sql).
+-- trace lacks the Ray events they need; see tracer_tables.sql). peak_source:
+-- what memory_peak is ('heap', 'uss', 'rss'; NULL without a peak).
 SELECT
   task_id,
   attempt,
@@ -20,6 +21,7 @@ SELECT
   total_ns,
   memory_requested,
   memory_peak,
+  peak_source,
   sched_queue_ns,
   sched_push_ns,
   sched_args_ns,
