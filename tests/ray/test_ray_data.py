@@ -126,8 +126,10 @@ def test_a_pipeline_is_traced_like_a_runner(
         assert task.args[L.ARG_RAY_TASK_ID] == e.args[L.ARG_RAY_TASK_ID]
         assert task.args[L.ARG_BLOCKS_IN] == 1 and task.args[L.ARG_BLOCKS_OUT] == 1
         assert task.args[L.ARG_ROWS_OUT] == 2 and task.args[L.ARG_BYTES_OUT] > 0
-        # Level 1: the actual memory is Ray Data's own USS peak of the task.
-        assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK] > 10 * MIB
+        # Level 1: the actual memory is Ray Data's own USS peak of the task, or the
+        # worker's private RSS peak while it ran where that is larger (Ray Data samples
+        # the USS once a second).
+        assert e.args[L.ARG_MEMORY_PEAK] >= e.args[L.ARG_USS_PEAK] > 10 * MIB
         if task.name == "MapBatches(where)":
             assert task.args[L.ARG_ROWS_IN] == 2
             assert task.args[L.ARG_RESOURCE_REQUEST] == {
@@ -199,8 +201,13 @@ def test_a_pipeline_is_traced_like_a_runner(
     assert list(summary["tasks"]) == [BLOCKS] * 3
     assert list(summary["over_request"]) == [0, BLOCKS, 0]
     assert info["runner"] == "ray-data"
-    # The peak is said to be Ray Data's USS, not an RSS (both engines: they agree below).
-    assert set(flagged["peak_source"]) == {"uss"} and len(flagged) == BLOCKS
+    # The peak is said to be Ray Data's USS where it is the USS, else the RSS (both
+    # engines: they agree below).
+    assert len(flagged) == BLOCKS
+    for r in latency.to_dict("records"):
+        e = execs[r["task_id"]]
+        uss = e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK]
+        assert r["peak_source"] == ("uss" if uss else "rss"), (r, e.args)
     assert_engines_agree(path)
 
 

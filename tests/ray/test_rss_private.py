@@ -113,6 +113,14 @@ def checks():
         del block
     assert 140 * MIB <= m["rss_peak"] - m["rss_start"] < 160 * MIB, m
 
+    # 4. The high-water mark is the task's own: a task allocating 50 MiB after those of
+    # 100 and 150 still peaks 50 MiB over its start (it was measured at its start and
+    # end only, ~0: its peak stayed under the earlier tasks' mark).
+    with measure_task(CTX) as m:
+        block = bytearray(b"\\1") * (50 * MIB)
+        del block
+    assert 45 * MIB <= m["rss_peak"] - m["rss_start"] < 60 * MIB, m
+
 pid = os.fork()
 if pid == 0:
     code = 1

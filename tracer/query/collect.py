@@ -283,8 +283,8 @@ class TraceRows(TraceVisitor):
         if peak is not None:
             if byte_amount(args, L.ARG_HEAP_PEAK) is not None:
                 source = "heap"
-            elif byte_amount(args, L.ARG_USS_PEAK) is not None:
-                source = "uss"  # the engine's own per-task figure (Ray Data)
+            elif byte_amount(args, L.ARG_USS_PEAK) == peak:
+                source = "uss"  # the engine's own per-task figure (Ray Data), the larger
             else:
                 source = "rss"
         self.executions.append(

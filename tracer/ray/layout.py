@@ -258,10 +258,10 @@ ARG_DRIVER_GC_DROPPED = "driver_gc_dropped"
 #: What the task asked Ray for (``memory=``); 0 means no request.
 ARG_MEMORY_REQUESTED = "memory_requested"
 #: The task's actual peak: at level 2 memray's heap high-water mark of the task
-#: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the engine's own
-#: per-task USS peak where it measures one (ARG_USS_PEAK: Ray Data), else the
-#: worker process's peak RSS while the task ran (ARG_RSS_PEAK semantics: an
-#: upper bound that includes the worker's own baseline).
+#: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the worker
+#: process's private peak RSS while the task ran, or the engine's own per-task
+#: USS peak where it measures one and it is larger (ARG_USS_PEAK: Ray Data's,
+#: sampled once a second); both include the worker's own baseline.
 ARG_MEMORY_PEAK = "memory_peak"
 #: ``true`` when memory_peak > memory_requested > 0; absent otherwise. A task
 #: with no request (0) is never "over": find those with memory_requested = 0.
@@ -274,9 +274,10 @@ ARG_TOTAL_ALLOCATED = "total_allocated"
 ARG_ALLOCATION_COUNT = "allocation_count"
 ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_peak)
 #: The worker process's peak USS (unique set size) while the task ran, as the
-#: engine itself measured it (Ray Data's per-task estimate). Without a heap
-#: peak (level 1) it is memory_peak: like RSS it includes the worker's own
-#: baseline, but not the pages it shares with other processes.
+#: engine itself measured it (Ray Data's per-task estimate, sampled once a
+#: second: a short task's is mostly the worker's baseline). Without a heap peak
+#: (level 1) memory_peak is the larger of it and the private RSS peak: like RSS
+#: it includes the worker's own baseline, but not the pages it shares.
 ARG_USS_PEAK = "uss_peak"
 #: Level 2, only when memray did not measure the task alone: "unavailable"
 #: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of

@@ -168,15 +168,50 @@ def peak_rss() -> int:
 _RUSAGE_PEAK = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
+def reset_peak_rss() -> bool:
+    """Set the kernel's high-water mark of this process's RSS back to its RSS now, so that
+    :func:`peak_rss` after a task is that task's peak, not an earlier one's.
+
+    Without it, a task's peak showed only where it rose above every earlier
+    task's of the process: a worker that ran a 300 MiB task first had its next
+    300 MiB tasks measured at their start and end (~100 MiB of Ray Data's
+    short tasks). Writing ``5`` to ``/proc/self/clear_refs`` resets the mark
+    (Linux 4.0+; the file stays open, one write a task, ~1-2 µs). Where it
+    cannot be written (an older kernel, a locked-down /proc), never tried
+    again: peaks are then lifetime marks, as before. False then.
+    """
+    global _CLEAR_REFS
+    fd = _CLEAR_REFS
+    if fd is False:
+        return False
+    try:
+        if fd is None:
+            _CLEAR_REFS = fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        os.write(fd, b"5")
+        return True
+    except (OSError, TypeError):
+        if isinstance(_CLEAR_REFS, int):
+            with contextlib.suppress(OSError):
+                os.close(_CLEAR_REFS)
+        _CLEAR_REFS = False
+        return False
+
+
+#: The open /proc/self/clear_refs (None: not opened yet; False: not writable here).
+_CLEAR_REFS: int | bool | None = None
+
+
 def _forked() -> None:
     """In a forked child: its pid, its /proc file and its Ray are its own to find again.
 
     Every task reads them; asking ``os.getpid()`` each time to tell a child
     from its parent was a system call per read (four a task).
     """
-    global _PID, _STATM, _PROCESS
+    global _PID, _STATM, _PROCESS, _CLEAR_REFS
     _PID = os.getpid()
     _STATM = None  # the parent's descriptor reads the parent's RSS
+    if _CLEAR_REFS is not False:
+        _CLEAR_REFS = None  # and the parent's clear_refs resets the parent's mark
     _PROCESS = None
 
 
@@ -371,6 +406,7 @@ def _start(ctx: TaskContext) -> tuple[Metrics, _Before]:
         metrics["task_id"] = ctx.task_id
     if ctx.stage_id is not None:
         metrics["stage_id"] = ctx.stage_id
+    reset_peak_rss()
     peak_before = peak_rss()
     metrics["rss_start"], shared = rss_and_shared()
     return metrics, (peak_before, shared)
@@ -407,10 +443,10 @@ def _finish(metrics: Metrics, before: _Before) -> None:
     before); subtracting the shared memory at the start instead would
     overstate a task whose arguments' pages were mapped as it ran.
 
-    Resetting the mark at each task's start (writing 5 to
-    ``/proc/self/clear_refs``) would let a task's own peak show even below an
-    earlier task's; it is one more system call per task, and a write to the
-    process's state that others may read, so it is not done.
+    The mark is reset at each task's start (:func:`reset_peak_rss`), so it is
+    the task's own, even below an earlier task's. Two tasks running at once in
+    one process (a threaded actor) reset it for each other: one may then be
+    measured at its start and end only (a lower bound still).
 
     Level 2's memray snapshots (``rss_peak`` so far and ``memory_samples``)
     read the whole RSS too (memray's ``/proc/self/statm`` resident): they get
@@ -585,6 +621,7 @@ def run_reported_to_ray(fn: Callable[..., Any], ctx: TaskContext, args: Any, kwa
     profile event (Ray records a task cancelled while it ran as finished).
     """
     event = _profile_event()
+    reset_peak_rss()
     peak_before = peak_rss()
     rss_start, shared_start = rss_and_shared()
     before = (peak_before, shared_start)

@@ -190,10 +190,10 @@ DROP TABLE tracer_ray_args;
 -- track when executions overlap; node and worker are those tracks' names).
 -- memory_peak is the task's peak memory:
 -- memray's heap peak at level 2 (peak_source 'heap'), else the engine's own
--- per-task USS peak of the worker where it measures one (peak_source 'uss':
--- Ray Data), else the worker process's peak RSS while the task ran
--- (peak_source 'rss': level 1, or level 2 when memray was unavailable). USS and
--- RSS include the worker's own baseline.
+-- per-task USS peak of the worker where it measures one and it is the larger
+-- (peak_source 'uss': Ray Data), else the worker process's private peak RSS
+-- while the task ran (peak_source 'rss': level 1, or level 2 when memray was
+-- unavailable). USS and RSS include the worker's own baseline.
 CREATE TABLE tracer_execution AS
 SELECT
   s.id AS slice_id,
@@ -207,7 +207,8 @@ SELECT
   CASE
     WHEN EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') IS NULL THEN NULL
     WHEN EXTRACT_ARG(s.arg_set_id, 'debug.heap_peak') IS NOT NULL THEN 'heap'
-    WHEN EXTRACT_ARG(s.arg_set_id, 'debug.uss_peak') IS NOT NULL THEN 'uss'
+    WHEN EXTRACT_ARG(s.arg_set_id, 'debug.uss_peak')
+      = EXTRACT_ARG(s.arg_set_id, 'debug.memory_peak') THEN 'uss'
     ELSE 'rss'
   END AS peak_source,
   EXTRACT_ARG(s.arg_set_id, 'debug.status') AS status,

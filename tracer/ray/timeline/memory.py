@@ -114,10 +114,16 @@ class MemoryTrace:
         heap_peak = _int_or_none(m.get("heap_peak"))
         uss_peak = _int_or_none(m.get("uss_peak"))
         rss_peak = _int_or_none(m.get("rss_peak"))
-        # The heap's peak when memray measured it, else the USS's, else the RSS's.
-        peak = heap_peak if heap_peak is not None else (
-            uss_peak if uss_peak is not None else rss_peak
-        )
+        # The heap's peak when memray measured it, else the larger of the USS's and the
+        # private RSS's (Ray Data samples the USS once a second: a short task's is its
+        # worker's baseline; the RSS's is the task's own high-water mark).
+        peak: int | None
+        if heap_peak is not None:
+            peak = heap_peak
+        elif uss_peak is not None and (rss_peak is None or uss_peak >= rss_peak):
+            peak = uss_peak
+        else:
+            peak = rss_peak
         if peak is not None:
             args[L.ARG_MEMORY_PEAK] = peak
         over = bool(requested) and peak is not None and peak > int(requested or 0)
