@@ -176,7 +176,7 @@ def reset_peak_rss() -> bool:
     task's of the process: a worker that ran a 300 MiB task first had its next
     300 MiB tasks measured at their start and end (~100 MiB of Ray Data's
     short tasks). Writing ``5`` to ``/proc/self/clear_refs`` resets the mark
-    (Linux 4.0+; the file stays open, one write a task, ~1-2 µs). Where it
+    (Linux 4.0+; the file stays open, one write a task, ~0.6 µs warm). Where it
     cannot be written (an older kernel, a locked-down /proc), never tried
     again: peaks are then lifetime marks, as before. False then.
     """
