@@ -107,6 +107,28 @@ def test_summary_as_json_matches_the_api(trace: Path) -> None:
     assert all(s["tasks"] == cli_workloads.PARTITIONS for s in data["stages"])
 
 
+def test_a_folder_of_traces_reads_its_newest(trace: Path, tmp_path: Path) -> None:
+    """The folder a process writes its traces to (<session>/logs/tracer) is what a user
+    knows: summary, memory and query read its newest trace and say which."""
+    import shutil
+
+    older = tmp_path / "runner.a.20260101T000000.perfetto-trace"
+    newest = tmp_path / "runner.b.20260101T000001.perfetto-trace"
+    (tmp_path / "notes.txt").write_text("not a trace\n")
+    older.write_bytes(b"\x0a\x00")  # an empty packet: a trace of nothing
+    shutil.copyfile(trace, newest)
+    os.utime(older, ns=(1, 1))
+    for command, extra in (("summary", ["--engine", "reader"]), ("memory", ["--engine", "reader"]),
+                           ("query", ["SELECT COUNT(*) AS n FROM tracer_task"])):
+        result = tracer(command, tmp_path, *extra)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.splitlines()[0] == (
+            f"tracer: {tmp_path} is a folder: reading its newest trace, {newest.name} "
+            "(of 2 there)"), result.stderr
+        assert str(newest) in result.stdout or command == "query", result.stdout
+    assert "nap" in tracer("summary", tmp_path, "--engine", "reader").stdout
+
+
 def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None:
     result = tracer("summary", truncated, "--engine", "reader")
     assert result.returncode == 0, result.stderr
@@ -559,7 +581,10 @@ def test_bad_trace_files(command: str, tmp_path: Path) -> None:
     chrome = tmp_path / "chrome.perfetto-trace"
     chrome.write_text('[{"ph": "X", "name": "a", "ts": 1, "dur": 2}]')
     assert_one_line_error(tracer(command, chrome, *extra), "looks like JSON")
-    assert_one_line_error(tracer(command, tmp_path, *extra), "not a file")
+    folder = tmp_path / "no-traces"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("hello\n")
+    assert_one_line_error(tracer(command, folder, *extra), "is a folder with no trace in it")
     empty = tmp_path / "empty.perfetto-trace"
     empty.write_bytes(b"")
     assert_one_line_error(tracer(command, empty, *extra), "empty")

@@ -180,7 +180,8 @@ def test_port_busy(trace: Path, port_free: None) -> None:
 
 
 def test_bad_files(tmp_path: Path) -> None:
-    for path, needle in ((tmp_path / "nope", "no such trace file"), (tmp_path, "not a file")):
+    for path, needle in ((tmp_path / "nope", "no such trace file"),
+                         (tmp_path, "folder with no trace")):
         proc = start(path)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 1

@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_trace_args", "bucket_count", "error", "non_negative_int", "open_query", "positive_int",
-    "warn",
+    "trace_in", "warn",
 ]
+
+#: What a trace written by tracer is named (plain, or gzip-compressed).
+_TRACE_SUFFIXES = (".perfetto-trace", ".perfetto-trace.gz")
 
 
 def error(message: str) -> None:
@@ -55,7 +58,10 @@ def non_negative_int(text: str) -> int:
 
 
 def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
-    parser.add_argument("trace", metavar="TRACE", help="a .perfetto-trace file written by tracer")
+    parser.add_argument(
+        "trace", metavar="TRACE",
+        help="a .perfetto-trace file written by tracer, or a folder of them (its newest is read)",
+    )
     if engine:
         parser.add_argument(
             "--engine",
@@ -77,6 +83,36 @@ def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> N
     )
 
 
+def trace_in(given: str) -> str:
+    """``given``, or where it is a folder, the newest trace in it (said on stderr).
+
+    Traces a process writes by itself go to a folder (``<session>/logs/tracer``,
+    ``$TRACER_TRACE_DIR``) under names that carry ids and times: the folder is
+    what a user knows. :class:`~tracer.errors.TraceReadError` for a folder with
+    none.
+    """
+    from pathlib import Path
+
+    from tracer.errors import TraceReadError
+
+    folder = Path(given).expanduser()
+    if not folder.is_dir():
+        return given
+    try:
+        found = [p for p in folder.iterdir() if p.name.endswith(_TRACE_SUFFIXES) and p.is_file()]
+    except OSError as exc:
+        raise TraceReadError(f"cannot list {given}: {exc.strerror or exc}") from exc
+    if not found:
+        raise TraceReadError(
+            f"{given} is a folder with no trace in it (*.perfetto-trace, *.perfetto-trace.gz)"
+        )
+    newest = max(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    more = f" (of {len(found)} there)" if len(found) > 1 else ""
+    print(f"tracer: {given} is a folder: reading its newest trace, {newest.name}{more}",
+          file=sys.stderr)
+    return str(newest)
+
+
 @contextlib.contextmanager
 def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[TraceQuery]:
     """A TraceQuery for ``args.trace``; prints its warnings (truncation...) on stderr."""
@@ -89,6 +125,7 @@ def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[
         engine=chosen,  # type: ignore[arg-type]
         trace_processor_path=args.trace_processor,
     )
+    args.trace = trace_in(args.trace)
     with TraceQuery(args.trace, config) as q:
         for message in q.warnings():
             warn(message)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from tracer.cli._common import warn
+from tracer.cli._common import trace_in, warn
 from tracer.errors import TracerError
 from tracer.query import check_trace_file, framing_warning
 from tracer.ray import layout as L
@@ -86,7 +86,10 @@ def add_parser(commands: Any) -> None:
             "ssh -L 9001:127.0.0.1:9001 HOST."
         ),
     )
-    parser.add_argument("trace", metavar="TRACE", help="the trace file to open")
+    parser.add_argument(
+        "trace", metavar="TRACE",
+        help="the trace file to open, or a folder of traces (its newest is opened)",
+    )
     parser.add_argument(
         "--timeout", type=_timeout, default=300.0,
         help=(
@@ -207,7 +210,7 @@ class _OneFileServer(http.server.HTTPServer):
 
 
 def run(args: argparse.Namespace) -> int:
-    path = check_trace_file(args.trace).resolve()
+    path = check_trace_file(trace_in(args.trace)).resolve()
     damage = framing_warning(path)
     if damage is not None:
         warn(damage)
