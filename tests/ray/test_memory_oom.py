@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from engines_agree import assert_engines_agree
 from ray_trace_checks import check_well_formed
@@ -185,6 +186,23 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     (flagged,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_flagged())
     assert flagged["task_id"] == "0-1" and flagged["reason"] == "oom killed"
     assert flagged["node"] == node.name and flagged["worker"] == worker.name
+    # Ray's report of the node's largest processes at the kill is on the mark: the killed
+    # worker is there, named by what it ran; both engines list it, and tracer memory.
+    top = mark.args[L.ARG_OOM_TOP_MEMORY_USERS]
+    assert {"pid": pid, "command": "ray::hog"}.items() <= next(
+        u for u in top if u["pid"] == pid).items()
+    assert [u["memory"] for u in top] == sorted((u["memory"] for u in top), reverse=True)
+    reports = TraceQuery(oom["trace"], QueryConfig(engine="reader")).oom_reports()
+    assert list(reports["pid"]) == [u["pid"] for u in top]
+    assert set(reports["task_id"]) == {"0-1"} and set(reports["node"]) == {node.name}
+    with TraceQuery(oom["trace"], QueryConfig(engine="trace_processor")) as tp:
+        pd.testing.assert_frame_equal(tp.oom_reports(), reports)
+    memory = subprocess.run([sys.executable, "-m", "tracer", "memory", str(oom["trace"])],
+                            capture_output=True, text=True, check=True).stdout
+    assert "Ray's OOM report 1 of 1" in memory and "ray::hog" in memory, memory
+    as_json = subprocess.run([sys.executable, "-m", "tracer", "memory", str(oom["trace"]),
+                              "--json"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(as_json)["oom_reports"] == records(reports)
     # The summary says it too, where a failed task would otherwise look like any other.
     out = subprocess.run([sys.executable, "-m", "tracer", "summary", str(oom["trace"]),
                           "--engine", "reader"], capture_output=True, text=True, check=True)

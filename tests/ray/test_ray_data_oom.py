@@ -130,6 +130,8 @@ def test_the_kill_is_marked_where_it_happened(oom: dict[str, Any]) -> None:
     assert worker.name == f"{L.WORKER_THREAD_PREFIX} {pid}"
     node = model.parent_of(worker.uuid)
     assert node is not None and node.name is not None and node_id[:8] in node.name
+    # Ray's report of the node's largest processes at the kill: the killed worker's there.
+    assert pid in {u["pid"] for u in mark.args[L.ARG_OOM_TOP_MEMORY_USERS]}
     # Ray's states of the killed task (it has no execution): pushed to its worker, failed
     # (RUNNING too, but the worker reports it: killed before its next report, it is lost).
     (head,) = [s for s in model.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)

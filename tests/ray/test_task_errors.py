@@ -14,6 +14,7 @@ from tracer.ray.task_errors import (
     killed_workers,
     memory_at_kill,
     raised_in_traceback,
+    top_memory_users,
     where_from_error,
 )
 
@@ -177,6 +178,26 @@ def test_a_report_of_several_workers_names_the_task_each_ran() -> None:
         assert set(args[L.ARG_OOM_KILLED_WORKERS]) == {"13643", "13570", "13571", "13572"}
     assert killed_workers(error) == {13643: gb(0.07), 13570: gb(0.4), 13571: gb(0.3),
                                      13572: gb(0.2), 13560: gb(0.06)}
+
+
+def test_an_oom_report_lists_the_nodes_largest_processes() -> None:
+    """Ray's report ends with its node's top memory users (as Ray 2.60 printed them): the
+    task that took the memory is there (its worker's command names it) even where Ray
+    killed another."""
+    text = _oom_260((13643, "0.07GB", "ReadRange")) + (
+        "Top 10 memory users: PID\tMEM(GB)\tCOMMAND\n"
+        "13570\t0.40\tray::MapBatches(hog)\n"
+        "13323\t0.13\t/usr/bin/python pipe.py oom\n"
+        "13643\t0.07\tray::IDLE\n"
+        "Refer to the documentation on how to address the out of memory issue: ...\n"
+    )
+    assert top_memory_users(OutOfMemoryError(text)) == [
+        {"pid": 13570, "memory": gb(0.40), "command": "ray::MapBatches(hog)"},
+        {"pid": 13323, "memory": gb(0.13), "command": "/usr/bin/python pipe.py oom"},
+        {"pid": 13643, "memory": gb(0.07), "command": "ray::IDLE"},
+    ]
+    assert top_memory_users(OutOfMemoryError(_OOM_250)) == []  # none listed
+    assert top_memory_users(RuntimeError(text)) == []  # not an OOM kill
 
 
 def test_only_an_oom_kill_names_killed_workers() -> None:

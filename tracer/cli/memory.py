@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 "by_stage": records(q.memory_by_stage()),
                 "by_node": records(q.memory_by_node()),
                 "flagged": records(q.memory_flagged()),
+                "oom_reports": records(q.oom_reports()),
             }
             if suggest:
                 data["suggestions"] = records(q.memory_suggestions(headroom, args.node_memory))
@@ -270,4 +271,46 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
             empty="(none: every measured task stayed within its request)",
         )
     )
+    if any(r["reason"] == "oom killed" for r in rows):
+        reports = _render_oom_reports(q, style)
+        if reports:
+            parts.append(reports)
     return "\n\n".join(parts)
+
+
+#: Of Ray's OOM reports, how many are shown, and how many processes of each.
+_REPORTS_SHOWN = 3
+_PROCESSES_SHOWN = 5
+
+
+def _render_oom_reports(q: TraceQuery, style: Style) -> str:
+    """The largest processes on the node at each kill, as Ray's report lists them: the
+    task that took the memory shows there even where Ray killed another."""
+    rows = records(q.oom_reports())
+    if not rows:
+        return ""
+    reports: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        reports.setdefault(int(r["report"]), []).append(r)
+    out = []
+    for number, procs in list(reports.items())[:_REPORTS_SHOWN]:
+        head = procs[0]
+        title = (f"Ray's OOM report {number} of {len(reports)} ({head['node'] or 'node?'}, "
+                 f"task {head['task_id']}'s kill): the node's largest processes")
+        out.append(render_table(
+            title,
+            [
+                Column("#", "rank", fmt_count),
+                Column("memory", "memory_bytes", fmt_bytes),
+                Column("pid", "pid", fmt_count),
+                name_column("process (a Ray worker: ray::<what it ran>)", "command"),
+            ],
+            procs[:_PROCESSES_SHOWN],
+            style,
+        ))
+    more = (f"; {len(reports) - _REPORTS_SHOWN} more reports" if len(reports) > _REPORTS_SHOWN
+            else "")
+    out.append(style.dim(
+        f"the top {_PROCESSES_SHOWN} of each report{more}: all of them with --json or "
+        "TraceQuery.oom_reports()"))
+    return "\n".join(out)

@@ -25,6 +25,7 @@ from tracer.query.config import (
     framing_warning,
 )
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
+from tracer.query.oom import oom_reports
 from tracer.query.processor import (
     ENV_VAR,
     find_trace_processor,
@@ -335,6 +336,11 @@ class TraceQuery:
         return self._analysis(
             "memory_flagged", lambda: analyses.memory_flagged(self._latency_rows())
         )
+
+    def oom_reports(self) -> pd.DataFrame:
+        """The processes Ray's OOM killer reported as its node's largest at each kill: the
+        task that took the memory, even where Ray killed another; see :mod:`tracer.query.oom`."""
+        return oom_reports(self)
 
     def memory_suggestions(
         self, headroom: float = DEFAULT_HEADROOM, node_memory: int | str | None = None

@@ -37,6 +37,7 @@ from tracer.ray.task_errors import (
     killed_workers,
     metrics_from_error,
     root_cause,
+    top_memory_users,
     where_from_error,
 )
 from tracer.ray.task_metrics import Metrics
@@ -158,7 +159,11 @@ class Failures:
                 timeline.task_killed(task, node_id, now, memory.get(L.ARG_MEMORY_AT_KILL))
         track = timeline.locate(node_id, pid) if node_id or pid else timeline.loop
         name = L.INSTANT_TASK_CANCELLED if status == L.STATUS_CANCELLED else L.INSTANT_TASK_FAILED
-        timeline.mark(track, name, now, {L.ARG_TASK_ID: str(task_id), **err, **memory})
+        mark: dict[str, Any] = {L.ARG_TASK_ID: str(task_id), **err, **memory}
+        top = top_memory_users(error)
+        if top:
+            mark[L.ARG_OOM_TOP_MEMORY_USERS] = top
+        timeline.mark(track, name, now, mark)
 
     def measured_task(self, metrics: Metrics) -> str:
         """The runner's id of the task that took ``metrics`` (found in another task's error).

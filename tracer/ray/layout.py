@@ -294,5 +294,11 @@ ARG_MEMORY_AT_KILL = "memory_used_at_kill"
 #: name too, run no task); the task ran in one of them (its ARG_WORKER_PID is then
 #: absent, and its "task failed" mark is on the node's track).
 ARG_OOM_KILLED_WORKERS = "oom_killed_workers"
+#: On the "task failed" mark of a task Ray's OOM killer killed: the processes using the
+#: most memory on its node at the kill, as Ray's report lists them (its top 10), each
+#: {pid, memory (bytes), command}: a Ray worker's command names the task or actor it
+#: ran ("ray::MapBatches(hog)"), so the task that took the memory shows even where Ray
+#: killed another one (its own measurements, unfinished, never came).
+ARG_OOM_TOP_MEMORY_USERS = "oom_top_memory_users"
 #: On stage slices, with memory_requested / memory_peak as {min, p50, max}.
 ARG_TASKS_OVER_REQUEST = "tasks_over_request"

@@ -29,6 +29,7 @@ __all__ = [
     "oom_candidates",
     "raised_in_traceback",
     "root_cause",
+    "top_memory_users",
     "where_from_error",
 ]
 
@@ -152,6 +153,35 @@ def memory_at_kill(error: BaseException, task_name: str | None = None) -> int | 
     if match is None:
         return None
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+#: Ray's OOM report ends with its node's largest processes: a header, then a line each.
+_TOP_HEADER_RE = re.compile(r"Top \d+ memory users:\s*PID\s+MEM\(([KMGT]?B)\)[^\n]*\n")
+_TOP_LINE_RE = re.compile(r"(\d+)\t([0-9.]+)\t([^\n]*)\n?")
+
+
+def top_memory_users(error: BaseException) -> list[dict[str, Any]]:
+    """The processes Ray's OOM report lists as its node's largest at the kill (Ray 2.50
+    and 2.60 list the top 10): ``{"pid", "memory" (bytes), "command"}`` each, largest
+    first; [] for another error. A Ray worker's command names what it ran
+    (``ray::MapBatches(hog)``, ``ray::IDLE``)."""
+    if not is_oom_kill(error):
+        return []
+    text = str(error)
+    header = _TOP_HEADER_RE.search(text)
+    if header is None:
+        return []
+    unit = _UNITS[header.group(1)]
+    users: list[dict[str, Any]] = []
+    pos = header.end()
+    while len(users) < 32:
+        line = _TOP_LINE_RE.match(text, pos)
+        if line is None:
+            break
+        users.append({"pid": int(line.group(1)), "memory": int(float(line.group(2)) * unit),
+                      "command": line.group(3).strip()[:200]})
+        pos = line.end()
+    return users
 
 
 def metrics_from_error(error: BaseException) -> Metrics | None:

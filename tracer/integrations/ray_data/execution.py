@@ -75,6 +75,7 @@ from tracer.ray.task_errors import (
     kill_args,
     killed_workers,
     root_cause,
+    top_memory_users,
     where_from_error,
 )
 from tracer.ray.task_metrics import Metrics
@@ -378,6 +379,9 @@ class ExecutionTracer:
             self._timeline.task_killed(task, node_id, now, memory.get(L.ARG_MEMORY_AT_KILL))
         track = self._timeline.locate(node_id, pid) if node_id or pid else self._timeline.loop
         mark: dict[str, Any] = {L.ARG_TASK_ID: task.task_id, **data_error_args(error), **memory}
+        top = top_memory_users(error)
+        if top:
+            mark[L.ARG_OOM_TOP_MEMORY_USERS] = top
         self._timeline.mark(track, L.INSTANT_TASK_FAILED, now, mark)
         return args
 
