@@ -145,6 +145,11 @@ def test_counters_a_scheduler_reports_itself(tmp_path: Path) -> None:
         tl.execution({"start_ns": T0 + MS, "end_ns": T0 + 2 * MS, "node_id": "n" * 40,
                       "pid": 9, "rss_peak": 200 * MIB, "uss_peak": 120 * MIB}, task)
         tl.task_ended(task, T0 + 3 * MS, None)
+        other = tl.task_created(TimelineTask, "t1", 3, ResourceRequest(), T0 + 3 * MS,
+                                stage_name="map")
+        tl.execution({"start_ns": T0 + 4 * MS, "end_ns": T0 + 5 * MS, "node_id": "n" * 40,
+                      "pid": 9, "rss_peak": 100 * MIB, "uss_peak": 150 * MIB}, other)
+        tl.task_ended(other, T0 + 6 * MS, None)
         tl.count_stage_inflight(3, 0)
         tl.sample_available(cpus=2, object_store_memory=12 * MIB)
         tl.close()
@@ -159,9 +164,13 @@ def test_counters_a_scheduler_reports_itself(tmp_path: Path) -> None:
     assert L.COUNTER_AVAILABLE_GPUS in by_name and not values[L.COUNTER_AVAILABLE_GPUS]
     scheduler = model.parent_of(by_name[stage].uuid)
     assert scheduler is not None and scheduler.name == "Scheduler (engine)"
-    # Without a heap peak, the engine's USS peak is the execution's actual memory.
-    (e,) = [s for s in model.slices if s.category == L.CAT_EXECUTION]
-    assert e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK] == 120 * MIB
+    # Without a heap peak, the execution's actual memory is the larger of the engine's
+    # USS peak (Ray Data samples it once a second) and the worker's private RSS peak.
+    e, e2 = [s for s in model.slices if s.category == L.CAT_EXECUTION]
+    assert (e.args[L.ARG_MEMORY_PEAK], e.args[L.ARG_USS_PEAK]) == (200 * MIB, 120 * MIB)
+    assert e2.args[L.ARG_MEMORY_PEAK] == e2.args[L.ARG_USS_PEAK] == 150 * MIB
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        assert list(q.task_latency()["peak_source"]) == ["rss", "uss"]
     assert_engines_agree(path)
 
 
