@@ -27,6 +27,8 @@ from tracer.ray.driver_gc import MIN_PAUSE_NS
 if TYPE_CHECKING:
     import pandas as pd
 
+    from tracer.query import TraceQuery
+
 HELP = "stages, task latency, dispatch loop and workers of a traced run"
 
 
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         util = q.worker_utilisation(args.buckets)
         killed = [(r["stage"], r["oom_killed"]) for r in records(q.memory_by_stage())
                   if r["oom_killed"]]
+        largest = _largest_at_a_kill(q) if killed else None
         engine = q.engine
         warned = bool(q.warnings())
     if stages.empty and loop["count"].isna().all() and not warned:
@@ -80,8 +83,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     style = Style.for_stream(sys.stdout)
-    print(render(args.trace, engine, info, stages, latency, loop, util, style, killed))
+    print(render(args.trace, engine, info, stages, latency, loop, util, style, killed,
+                 largest))
     return 0
+
+
+def _largest_at_a_kill(q: TraceQuery) -> dict[str, Any] | None:
+    """The Ray worker using the most memory in any of Ray's OOM reports (its command names
+    what it ran): what took the memory, even where Ray killed another task."""
+    workers = [r for r in records(q.oom_reports())
+               if str(r["command"]).startswith("ray::") and r["memory_bytes"] is not None]
+    return max(workers, key=lambda r: r["memory_bytes"], default=None)
 
 
 #: Ray's parts of scheduling and pickup (tracer_tables.sql), with their column titles.
@@ -137,8 +149,11 @@ def render(
     util: pd.DataFrame,
     style: Style,
     oom_killed: list[tuple[str, int]] | None = None,
+    largest_at_kill: dict[str, Any] | None = None,
 ) -> str:
-    """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage."""
+    """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage;
+    ``largest_at_kill``: the Ray worker using the most memory at a kill (a row of
+    :meth:`~tracer.query.TraceQuery.oom_reports`)."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -168,6 +183,12 @@ def render(
             f"\nKilled by Ray's OOM killer: {said}; `tracer memory {trace}` says where "
             "and the memory they used"
         )
+        if largest_at_kill is not None:
+            parts[-1] += (
+                "\nThe Ray worker using the most memory at a kill, by Ray's report: "
+                f"{fmt_name(str(largest_at_kill['command']), style)} (pid "
+                f"{largest_at_kill['pid']}, {fmt_bytes(largest_at_kill['memory_bytes'], style)})"
+            )
     lat_rows = []
     for row in records(latency):
         out = {"stage_id": row["stage_id"], "stage": row["stage"], "tasks": row["tasks"]}
