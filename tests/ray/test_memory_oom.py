@@ -247,12 +247,27 @@ def test_workers_killed_at_once_are_not_all_the_first_one(tmp_path: Path) -> Non
         node = model.tracks[mark.track_uuid]
         assert (node.name or "").startswith(L.NODE_PROCESS_PREFIX), node
         assert mark.args[L.ARG_OOM_KILLED_WORKERS] == k[L.ARG_OOM_KILLED_WORKERS]
-    # The memory report puts each on its node, on no worker.
+    # The memory report puts each on its node; on the worker Ray's events say ran it, with
+    # that worker's memory, where they say (its states' slice names it: the worker
+    # reports that it runs the task, lost if it was killed before its next report), else
+    # on no worker, with the lower bound.
     from tracer.query import QueryConfig, TraceQuery, records
+    ran_in = {s.args[L.ARG_TASK_ID]: s.args.get(L.ARG_WORKER_PID) for s in model.slices
+              if (s.name or "").startswith(L.RAY_STATES_PREFIX)}
     flagged = records(TraceQuery(result["trace"], QueryConfig(engine="reader")).memory_flagged())
     assert sorted(f["task_id"] for f in flagged) == sorted(k[L.ARG_TASK_ID] for k in killed)
     for f in flagged:
         assert f["reason"] == "oom killed" and f["node"] is not None
-        if any(k[L.ARG_TASK_ID] == f["task_id"] for k in together):
-            assert f["worker"] is None
+        (k,) = [k for k in killed if k[L.ARG_TASK_ID] == f["task_id"]]
+        if k not in together:
+            continue
+        pid = ran_in.get(f["task_id"])
+        workers = {int(p): used for p, used in k[L.ARG_OOM_KILLED_WORKERS].items()}
+        if pid in workers:
+            assert (f["worker"], f["peak_bytes"]) == (f"{L.WORKER_THREAD_PREFIX} {pid}",
+                                                      workers[pid])
+        else:
+            assert (f["worker"], f["peak_bytes"]) == (None, min(workers.values()))
+    pids = [ran_in.get(k[L.ARG_TASK_ID]) for k in together]
+    assert None in pids or len(set(pids)) == len(pids), pids  # never both on one worker
     assert_engines_agree(result["trace"])

@@ -344,6 +344,50 @@ def test_a_task_killed_with_no_execution_gets_its_last_attempts_states(tmp_path:
     assert read.args[L.ARG_RAY_EVENTS_MISSING] == 1
 
 
+def test_a_task_killed_with_others_takes_the_worker_rays_events_name(tmp_path: Path) -> None:
+    """Ray kills two workers of one stage at once and hands both tasks one report naming
+    both: each task slice says the least of their memory (a lower bound) and both workers.
+    Ray's events name the worker that ran one of them (its states' slice says so): that
+    one gets its own worker and memory in both engines; the other keeps the lower bound."""
+    from tracer.ray.timeline import RayTaskEvents
+
+    path = tmp_path / "two-killed.perfetto-trace"
+    node_id = "n" * 40
+    killed = {"11": 100 * MIB, "12": 300 * MIB}
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="kill2", loop_pid=77, loop_tid=77)
+        tl.expect_ray_events()
+        tasks = [tl.task_created(TimelineTask, t, 0, ResourceRequest(memory_bytes=64 * MIB),
+                                 T0, stage_name="hog") for t in ("a", "b")]
+        for task in tasks:
+            tl.task_dispatched(task, T0 + 1 * MS)
+        for task in tasks:
+            end_args = {L.ARG_STATUS: L.STATUS_FAILED, L.ARG_ERROR_TYPE: "OutOfMemoryError",
+                        L.ARG_MEMORY_AT_KILL: 100 * MIB, L.ARG_OOM_KILLED_WORKERS: killed}
+            tl.task_ended(task, T0 + 30 * MS, end_args)
+            tl.mark(tl.locate(node_id, 0), L.INSTANT_TASK_FAILED, T0 + 30 * MS,
+                    {L.ARG_TASK_ID: task.task_id, L.ARG_MEMORY_AT_KILL: 100 * MIB})
+            tl.expect_ray_states(task, task.task_id * 2)
+        states = ((L.STATE_SUBMITTED, T0 + 2 * MS), (L.STATE_RUNNING, T0 + 3 * MS),
+                  (L.STATE_FAILED, T0 + 20 * MS))
+        tl.ray_events([RayTaskEvents("aa", 0, "hog", node_id, 0, states),
+                       RayTaskEvents("bb", 0, "hog", node_id, 12, states)])
+        tl.close()
+
+    model = read_trace(path, strict=True)
+    head_b, _ = states_of(model, "b")
+    assert head_b.args[L.ARG_WORKER_PID] == 12
+    head_a, _ = states_of(model, "a")
+    assert L.ARG_WORKER_PID not in head_a.args
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        rows = {r["task_id"]: r for r in q.task_latency().to_dict("records")}
+        flagged = {r["task_id"]: r for r in q.memory_flagged().to_dict("records")}
+    assert (rows["b"]["worker"], flagged["b"]["peak_bytes"]) == ("worker 12", 300 * MIB)
+    assert (rows["a"]["worker"], flagged["a"]["peak_bytes"]) == (None, 100 * MIB)
+    assert rows["a"]["node"] == rows["b"]["node"] is not None
+    assert_engines_agree(path)
+
+
 def test_ray_events_timed_out_of_place_are_clamped(tmp_path: Path) -> None:
     """Ray times phases and states on its own clocks (another node's, another process's):
     a phase outside the task's span in the worker is clamped into it, one that starts

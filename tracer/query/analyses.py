@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from tracer.query.collect import PHASES, TraceRows
 from tracer.query.sql import check_buckets
+from tracer.ray import layout as L
 from tracer.stats import nearest_rank
 
 __all__ = [
@@ -108,14 +109,14 @@ def _clamp(value: int | None, lo: int | None, hi: int | None) -> int | None:
 
 def _ray_parts(
     dispatched: int | None, started: int | None, finished: int | None, received: int | None,
-    span: tuple[Any, ...] | None, states: tuple[int | None, int | None] | None,
+    span: tuple[Any, ...] | None, states: tuple[int | None, int | None, int | None] | None,
 ) -> tuple[int | None, ...]:
     """Ray's parts of scheduling and pickup (tracer_tables.sql's ``bound`` steps)."""
     ray_start = ray_end = args_end = submitted = replied = None
     if span is not None:
         _, _, ray_start, ray_end, args_end = span
     if states is not None:
-        submitted, replied = states
+        submitted, replied = states[0], states[1]
     worker = _clamp(ray_start, dispatched, started)
     stored = _clamp(ray_end, finished, received)
     queued = _clamp(submitted, dispatched, worker)
@@ -213,6 +214,7 @@ def latency_rows(rows: TraceRows) -> Latency:
         if r[1] is not None:
             spans_by_task_id[r[1]].append(r)
     ray_states = rows.ray_states
+    kill_candidates = rows.kill_candidates
     marks = rows.marks
     out: Latency = []
     for t in tasks:
@@ -230,6 +232,13 @@ def latency_rows(rows: TraceRows) -> Latency:
                 worker = m
             span = _ray_span_of(spans_by_task_id.get(e_task_id), started)
         states = ray_states.get(t_id)
+        if m is None and states is not None and states[2] is not None:
+            # Killed with other workers: the one Ray's events say ran it, and its memory.
+            ran_in = kill_candidates.get(t_id)
+            if ran_in is not None and states[2] in ran_in:
+                at_kill = ran_in[states[2]]
+                if worker is None:
+                    worker = f"{L.WORKER_THREAD_PREFIX} {states[2]}"
         if status is not None:
             final_status = status
         elif m_status is not None:

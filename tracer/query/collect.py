@@ -148,10 +148,15 @@ class TraceRows(TraceVisitor):
         self.ray_spans: list[RaySpan] = []
         self._args_end: dict[int, int] = {}
         self._states: list[tuple[Any, ...]] = []
-        # 'ray states <stage>' slices: id -> (ts, task_id, attempt); their states' parent.
-        self._state_heads: dict[int, tuple[int, Any, Any]] = {}
-        #: task slice id -> (submitted_ts, replied_ts), either None.
-        self.ray_states: dict[int, tuple[int | None, int | None]] = {}
+        # 'ray states <stage>' slices: id -> (ts, task_id, attempt, worker_pid); their
+        # states' parent.
+        self._state_heads: dict[int, tuple[int, Any, Any, Any]] = {}
+        #: task slice id -> (submitted_ts, replied_ts, worker_pid), each maybe None (the
+        #: worker Ray's events name on a task with no execution).
+        self.ray_states: dict[int, tuple[int | None, int | None, int | None]] = {}
+        #: task slice id -> {pid: memory used at the kill} of the workers a task killed
+        #: with others may have run in (ARG_OOM_KILLED_WORKERS).
+        self.kill_candidates: dict[int, dict[int, int]] = {}
         # Failure marks as (task_id, ts, track uuid) until finish() resolves them into
         # marks: (task_id, ts) -> (node, worker), the worker None on a node's track.
         self._marks: list[tuple[Any, int, int]] = []
@@ -213,7 +218,8 @@ class TraceRows(TraceVisitor):
         if s.depth == 0 and name.startswith(L.RAY_STATES_PREFIX):
             attempt = arg(s.args, L.ARG_ATTEMPT)
             self._state_heads[s.id] = (s.ts, arg(s.args, L.ARG_TASK_ID),
-                                       0 if attempt is None else attempt)
+                                       0 if attempt is None else attempt,
+                                       arg(s.args, L.ARG_WORKER_PID))
             return
         dur = s.dur
         if dur is None or dur < 0:
@@ -255,6 +261,9 @@ class TraceRows(TraceVisitor):
                 status = L.STATUS_UNFINISHED  # in flight where the trace was cut
         elif (status or "") not in ("unfinished", "superseded"):
             received = t.ts + t.dur
+        candidates = args.get(L.ARG_OOM_KILLED_WORKERS) if args else None
+        if isinstance(candidates, dict):
+            self._kill_candidates(t.id, candidates)
         children = self._children.pop(t.id, None)
         dispatched: Any = None
         if children is not None:
@@ -370,6 +379,15 @@ class TraceRows(TraceVisitor):
             marks[(task_id, ts)] = place
         self._marks = []
 
+    def _kill_candidates(self, slice_id: int, candidates: dict[Any, Any]) -> None:
+        found: dict[int, int] = {}
+        for pid, memory in candidates.items():
+            # As tracer_kill_candidate: integer amounts under integer pids only.
+            if memory.__class__ is int and str(pid).isdigit():
+                found[int(pid)] = memory
+        if found:
+            self.kill_candidates[slice_id] = found
+
     def _resolve_ray(self, tracks: dict[int, TrackInfo]) -> None:
         """Ray's spans get their arguments' end; states go to the task slice they belong to.
 
@@ -399,7 +417,7 @@ class TraceRows(TraceVisitor):
             if keys:
                 i = bisect.bisect_right(keys, (ts, _MAX_ID)) - 1
                 if i >= 0:
-                    return found.setdefault(keys[i][1], [None, None])
+                    return found.setdefault(keys[i][1], [None, None, None])
             return None
 
         def note(pair: list[int | None], name: str, ts: int) -> None:
@@ -421,6 +439,8 @@ class TraceRows(TraceVisitor):
             if head is not None:
                 if head_id not in pairs:
                     pairs[head_id] = task_of(head[1], head[2], head[0])
+                    if pairs[head_id] is not None and head[3] is not None:
+                        pairs[head_id][2] = head[3]  # type: ignore[index]
                 pair = pairs[head_id]
                 if pair is not None:
                     note(pair, st[3], st[1])
@@ -436,7 +456,7 @@ class TraceRows(TraceVisitor):
                     pair = task_of(task_id, attempt, ts)
                 if pair is not None:
                     note(pair, name, ts)
-        self.ray_states = {k: (v[0], v[1]) for k, v in found.items()}
+        self.ray_states = {k: (v[0], v[1], v[2]) for k, v in found.items()}
 
     def _late_children(self) -> None:
         """'dispatched' slices handed over after their task slice (it ended first)."""

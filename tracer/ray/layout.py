@@ -35,7 +35,8 @@ TASKS_TRACK = "Ray tasks"
 TASK_LANE = "tasks"
 #: Beside the task lanes, after them (one name: merged into one UI track, as they are):
 #: Ray's scheduling states of the tasks (STATE_*), each task's nested in a slice named
-#: ``RAY_STATES_PREFIX + stage`` (args task_id, attempt) spanning its 'dispatched' slice.
+#: ``RAY_STATES_PREFIX + stage`` (args task_id, attempt; worker_pid on a task with no
+#: execution, where Ray's events name its worker) spanning its 'dispatched' slice.
 #: (Traces of tracer before 2026-12-07 have a track of this name under each task lane,
 #: holding the states of that lane's tasks, the first of each naming its task; the query
 #: layer reads both.)

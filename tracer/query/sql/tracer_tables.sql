@@ -33,7 +33,10 @@
 -- creation to its receipt (category 'task', named after the stage), with its
 -- nested 'dispatched' slice. received_ts is NULL for tasks the runner never
 -- received: cut off, closed as 'unfinished' at the end, or 'superseded' by a
--- retry. status is the task slice's: 'ok' where the runner received the
+-- retry (a task killed with other workers, which its slice cannot tell apart,
+-- takes in tracer_task_latency the worker Ray's events name and its memory at
+-- the kill: tracer_kill_candidate, tracer_ray_state.worker_pid). status is the
+-- task slice's: 'ok' where the runner received the
 -- task's result (the slice says nothing then), else 'failed', 'failed
 -- upstream', 'cancelled', 'superseded' or 'unfinished' (also a task whose
 -- slice a cut trace left open); tracer_task_latency's also takes a failed
@@ -121,7 +124,8 @@ per_task AS (
     MAX(CASE WHEN task_id IS NOT NULL THEN attempt END) AS attempt,
     MIN(CASE WHEN task_id IS NOT NULL THEN ts END) AS head_ts,
     MIN(CASE WHEN name = 'SUBMITTED_TO_WORKER' THEN ts END) AS submitted_ts,
-    MIN(CASE WHEN name IN ('FINISHED', 'FAILED') THEN ts END) AS replied_ts
+    MIN(CASE WHEN name IN ('FINISHED', 'FAILED') THEN ts END) AS replied_ts,
+    NULL AS worker_pid
   FROM grouped
   WHERE head > 0
   GROUP BY track_id, head
@@ -131,7 +135,8 @@ per_task AS (
     COALESCE(EXTRACT_ARG(w.arg_set_id, 'debug.attempt'), 0) AS attempt,
     w.ts AS head_ts,
     MIN(CASE WHEN s.name = 'SUBMITTED_TO_WORKER' THEN s.ts END) AS submitted_ts,
-    MIN(CASE WHEN s.name IN ('FINISHED', 'FAILED') THEN s.ts END) AS replied_ts
+    MIN(CASE WHEN s.name IN ('FINISHED', 'FAILED') THEN s.ts END) AS replied_ts,
+    EXTRACT_ARG(w.arg_set_id, 'debug.worker_pid') AS worker_pid
   FROM slice AS s
   JOIN slice AS w ON w.id = s.parent_id  -- by id: slice.parent_id has no index
   WHERE s.category = 'scheduler' AND s.depth = 1
@@ -140,7 +145,8 @@ per_task AS (
     AND w.name GLOB 'ray states *'
   GROUP BY w.id
 )
-SELECT task_slice_id, MIN(submitted_ts) AS submitted_ts, MIN(replied_ts) AS replied_ts
+SELECT task_slice_id, MIN(submitted_ts) AS submitted_ts, MIN(replied_ts) AS replied_ts,
+  MAX(worker_pid) AS worker_pid
 FROM (
   SELECT
     (
@@ -150,7 +156,8 @@ FROM (
       LIMIT 1
     ) AS task_slice_id,
     p.submitted_ts,
-    p.replied_ts
+    p.replied_ts,
+    p.worker_pid
   FROM per_task AS p
 )
 WHERE task_slice_id IS NOT NULL
@@ -334,6 +341,20 @@ FROM candidate
 WHERE pick = 1;
 CREATE INDEX tracer_ray_match_by_execution ON tracer_ray_match(execution_slice_id);
 
+-- The workers a task killed with others may have run in, as its OOM report names
+-- them (the task slice's oom_killed_workers: pid -> memory used at the kill).
+DROP TABLE IF EXISTS tracer_kill_candidate;
+CREATE TABLE tracer_kill_candidate AS
+SELECT
+  t.slice_id AS task_slice_id,
+  CAST(SUBSTR(a.key, LENGTH('debug.oom_killed_workers.') + 1) AS INT) AS pid,
+  a.int_value AS memory
+FROM tracer_task AS t
+JOIN slice AS s ON s.id = t.slice_id
+JOIN args AS a ON a.arg_set_id = s.arg_set_id
+WHERE t.memory_at_kill IS NOT NULL AND a.key GLOB 'debug.oom_killed_workers.*';
+CREATE INDEX tracer_kill_candidate_by_task ON tracer_kill_candidate(task_slice_id, pid);
+
 CREATE TABLE tracer_task_latency AS
 WITH joined AS (
   SELECT
@@ -343,7 +364,11 @@ WITH joined AS (
     t.stage,
     CASE WHEN t.status = 'ok' THEN COALESCE(m.status, 'ok') ELSE t.status END AS status,
     CASE WHEN m.slice_id IS NOT NULL THEN m.node ELSE f.node END AS node,
-    CASE WHEN m.slice_id IS NOT NULL THEN m.worker ELSE f.worker END AS worker,
+    CASE
+      WHEN m.slice_id IS NOT NULL THEN m.worker
+      WHEN f.worker IS NOT NULL THEN f.worker
+      WHEN k.memory IS NOT NULL THEN 'worker ' || st.worker_pid
+    END AS worker,
     t.created_ts,
     t.dispatched_ts,
     m.start_ts AS started_ts,
@@ -352,7 +377,7 @@ WITH joined AS (
     COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
     m.memory_peak,
     m.peak_source,
-    t.memory_at_kill,
+    COALESCE(k.memory, t.memory_at_kill) AS memory_at_kill,
     t.slice_id AS task_slice_id,
     m.slice_id AS execution_slice_id,
     r.start_ts AS ray_start_ts,
@@ -365,6 +390,10 @@ WITH joined AS (
   LEFT JOIN tracer_ray_match AS r ON r.execution_slice_id = m.slice_id
   LEFT JOIN tracer_ray_state AS st ON st.task_slice_id = t.slice_id
   LEFT JOIN tracer_mark AS f ON f.task_id = t.task_id AND f.ts = t.received_ts
+  -- A task killed with other workers: the one Ray's events say ran it, of those its
+  -- OOM report names (oom_killed_workers), and that worker's memory at the kill.
+  LEFT JOIN tracer_kill_candidate AS k
+    ON m.slice_id IS NULL AND k.task_slice_id = t.slice_id AND k.pid = st.worker_pid
 ),
 -- The boundaries, each clamped between its neighbours (multi-argument MIN
 -- and MAX are NULL when an argument is).
@@ -417,3 +446,4 @@ SELECT
 FROM bound;
 DROP TABLE tracer_match;
 DROP TABLE tracer_mark;
+DROP TABLE tracer_kill_candidate;

@@ -290,10 +290,17 @@ class RayPhases:
         if not self.enabled or not attempts:
             return
         states = tuple(state for ev in attempts for state in ev.states)
-        self._states(task, name, dataclasses.replace(attempts[-1], states=states))
+        last = attempts[-1]
+        self._states(task, name, dataclasses.replace(last, states=states), last.worker_pid)
 
-    def _states(self, task: TimelineTask, name: str, ev: RayTaskEvents) -> None:
-        """Ray's states within the task's 'dispatched' slice, once that slice has ended."""
+    def _states(
+        self, task: TimelineTask, name: str, ev: RayTaskEvents, worker_pid: int = 0
+    ) -> None:
+        """Ray's states within the task's 'dispatched' slice, once that slice has ended.
+
+        ``worker_pid``: the worker Ray's events say ran it, for a task with no execution
+        to say so (a worker Ray killed along with others: its OOM report does not say
+        which of them ran which task; the query layer takes this one's figure)."""
         if task.ray_states_drawn or not ev.states:
             return
         if task.dispatch_ts is None or task.end_ts is None:
@@ -309,6 +316,8 @@ class RayPhases:
         head: dict[str, object] = {L.ARG_TASK_ID: task.task_id}
         if task.attempt:
             head[L.ARG_ATTEMPT] = task.attempt
+        if worker_pid:
+            head[L.ARG_WORKER_PID] = worker_pid
         begin, finish = w.begin, w.end
         begin(track, L.RAY_STATES_PREFIX + name, lo, category=L.CAT_RAY, args=head)
         # Each state from its start, clamped into [lo, hi], until the next one's (the
