@@ -350,7 +350,7 @@ def test_memory_values_that_are_not_byte_amounts_count_as_unmeasured(
         assert "Traceback" not in result.stderr
     memory = tracer("memory", path, "--json", "--engine", "reader")
     assert json.loads(memory.stdout)["flagged"] == []
-    assert "(no measured tasks)" in tracer("memory", path, "--engine", "reader").stdout
+    assert "(no measured or killed tasks)" in tracer("memory", path, "--engine", "reader").stdout
 
 
 def test_a_float_memory_peak_is_a_byte_amount(tmp_path: Path) -> None:

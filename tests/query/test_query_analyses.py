@@ -208,9 +208,10 @@ def test_synthetic_memory(synthetic: Path) -> None:
     }
     assert by_stage[1]["oom_killed"] == 1
     assert by_stage[1]["measured"] == 0
+    # The OOM-killed task (b-0, no peak) counts on its node too, as killed.
     assert rows(q.memory_by_node()) == [
         {"node": NODE, "tasks": 2, "peak_p50_bytes": 50, "peak_max_bytes": 250,
-         "over_request": 1, "excess_max_bytes": 150},
+         "over_request": 1, "excess_max_bytes": 150, "oom_killed": 1},
     ]
     assert rows(q.memory_flagged()) == [
         {"task_id": "b-0", "attempt": 0, "stage_id": 1, "stage": "reduce", "node": NODE,

@@ -185,6 +185,8 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     from tracer.query import QueryConfig, TraceQuery, records
     (flagged,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_flagged())
     assert flagged["task_id"] == "0-1" and flagged["reason"] == "oom killed"
+    (by_node,) = records(TraceQuery(oom["trace"], QueryConfig(engine="reader")).memory_by_node())
+    assert (by_node["node"], by_node["tasks"], by_node["oom_killed"]) == (node.name, 1, 1)
     assert flagged["node"] == node.name and flagged["worker"] == worker.name
     # Ray's report of the node's largest processes at the kill is on the mark: the killed
     # worker is there, named by what it ran; both engines list it, and tracer memory.

@@ -239,10 +239,11 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
                 Column("peak max", "peak_max_bytes", fmt_bytes),
                 Column("over request", "over_request", fmt_count),
                 Column("worst excess", "excess_max_bytes", fmt_bytes),
+                Column("oom killed", "oom_killed", fmt_count),
             ],
             records(by_node),
             style,
-            empty="(no measured tasks)",
+            empty="(no measured or killed tasks)",
         ),
     ]
     rows = records(flagged)

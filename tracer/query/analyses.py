@@ -433,10 +433,11 @@ def memory_by_stage(latency: Latency) -> list[Row]:
 
 def memory_by_node(latency: Latency) -> list[Row]:
     """``memory_by_node.sql``."""
-    measured = [r for r in latency if r[MEM_PEAK] is not None]
+    counted = [r for r in latency if r[MEM_PEAK] is not None or r[MEM_AT_KILL] is not None]
     out: list[Row] = []
-    groups = _group(measured, lambda r: r[NODE])
-    for node, rows in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+    groups = _group(counted, lambda r: r[NODE])
+    for node, all_rows in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+        rows = [r for r in all_rows if r[MEM_PEAK] is not None]
         peaks = _values(rows, MEM_PEAK)
         over = [r for r in rows if _over_request(r)]
         out.append(
@@ -447,6 +448,7 @@ def memory_by_node(latency: Latency) -> list[Row]:
                 "peak_max_bytes": _max(peaks),
                 "over_request": len(over),
                 "excess_max_bytes": _max(r[MEM_PEAK] - r[MEM_REQUESTED] for r in over),
+                "oom_killed": sum(1 for r in all_rows if r[MEM_AT_KILL] is not None),
             }
         )
     return out

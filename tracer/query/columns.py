@@ -133,6 +133,7 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("peak_max_bytes", _I),
         ("over_request", _I),
         ("excess_max_bytes", _I),
+        ("oom_killed", _I),
     ],
     "memory_flagged": [
         ("task_id", _S),
