@@ -223,6 +223,31 @@ def test_traced_calls_with_several_returns(tmp_path: Path) -> None:
     assert sorted(s.args[L.ARG_TASK_ID] for s in executions) == ["r0", "r1", "r2"]
 
 
+def test_a_function_given_with_rays_own_options_is_traced(tmp_path: Path) -> None:
+    """``RayFunctionWrapper.wrap(fn.options(...))``, Ray's own idiom, is traced with those
+    options (its tasks ran untraced, without a word: the wrapper could not reach the
+    function inside Ray's options object); a wrapper's own options still win."""
+    from tracer.format import read_trace
+
+    path = tmp_path / "options.perfetto-trace"
+    with ray_tracer("ray-options", level=1, path=path) as tracer:
+        got = []
+        for i, extra in enumerate([{}, {"num_returns": 1}]):
+            task_id = f"o{i}"
+            tracer.task_created(task_id, 0, ResourceRequest(num_cpus=1), "split")
+            wrapped = RayFunctionWrapper.wrap(split_pair.options(num_cpus=1, memory=8 << 20))
+            got.append(ray.get(wrapped.with_tracing(tracer, task_id).options(**extra).remote(3)))
+            tracer.tasks_received_as_ready([task_id])
+        tracer.stage_done(0)
+    assert got == [[3, -3], (3, -3)]
+    executions = sorted((s for s in read_trace(path).slices if s.category == L.CAT_EXECUTION),
+                        key=lambda s: s.args[L.ARG_TASK_ID])
+    assert [s.args[L.ARG_TASK_ID] for s in executions] == ["o0", "o1"]
+    for e in executions:  # measured, with the options Ray was given
+        assert e.args[L.ARG_MEMORY_PEAK] > 0
+        assert e.args[L.ARG_ASSIGNED_RESOURCES]["memory"] == 8 << 20
+
+
 @ray.remote
 def triple(x: int) -> tuple[int, int, int]:
     return x, x + 1, x + 2

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
 
+from tracer._env import warn_once
 from tracer.ray.task_metrics import TaskContext, run_reported_to_ray, run_traced
 
 if TYPE_CHECKING:
@@ -132,6 +133,12 @@ class RayFunctionWrapper:
 
     @classmethod
     def wrap(cls, f: Any) -> RayFunctionWrapper:
+        """``f``: a remote function, or what Ray's ``fn.options(...)`` returned (its
+        function and options are taken out of it: the wrapper cannot trace a call it
+        cannot reach the function of; ``wrap(fn).options(...)`` is the same)."""
+        unwrapped = _unwrap_ray_options(f)
+        if unwrapped is not None:
+            return cls(f=unwrapped[0], options_=unwrapped[1])
         return cls(f=f)
 
     def options(self, **kwargs: Any) -> RayFunctionWrapper:
@@ -200,6 +207,31 @@ def _dispatch(tracer: AnyRunnerTracer, task_id: str) -> TaskContext | None:
     ):
         return tracer.task_template if tracer._dispatched(task_id) is not None else None
     return tracer.task_dispatched(task_id)
+
+
+def _unwrap_ray_options(f: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The remote function and options inside what Ray's ``RemoteFunction.options()``
+    returns (a ``FuncWrapper`` whose ``remote`` closes over them), or None for anything
+    else. Where a Ray of another shape hides them, the calls would run untraced: said
+    once."""
+    if not type(f).__qualname__.endswith("options.<locals>.FuncWrapper"):
+        return None
+    try:
+        method = f.remote.__func__
+        cells = dict(zip(method.__code__.co_freevars, method.__closure__ or (), strict=True))
+        fn = cells["func_cls"].cell_contents
+        options = cells["updated_options"].cell_contents
+        if hasattr(fn, "_function") and isinstance(options, dict):
+            return fn, dict(options)
+    except (AttributeError, KeyError, ValueError, TypeError):
+        pass
+    warn_once(
+        "tracer: RayFunctionWrapper.wrap() was given a remote function's .options(...), "
+        "whose function this Ray does not let tracer reach: its tasks run untraced. "
+        "Wrap the function and give the options to the wrapper: "
+        "RayFunctionWrapper.wrap(fn).options(...)"
+    )
+    return None
 
 
 _OPTIONED: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[Any, Any]] = {}
