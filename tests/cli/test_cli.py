@@ -293,6 +293,41 @@ def _runner_like_trace(path: Path, peak: object, stage: str = "grow") -> Path:
     return path
 
 
+def test_summary_says_the_run_ended_with_an_error_and_what_was_left_in_flight(
+    tmp_path: Path,
+) -> None:
+    """A loop that raised (or a driver that exited with its tracer open) ends the run's
+    slice with the error, and its tasks in flight end unfinished: the summary says both
+    (it said '0 failed' and nothing more); run_info has the error, in both engines."""
+    from tracer.format import TraceWriter
+    from tracer.ray import ResourceRequest
+    from tracer.ray import layout as L
+    from tracer.ray.timeline import RunTimeline, TimelineTask
+
+    path = tmp_path / "raised.perfetto-trace"
+    t0 = 1_800_000_000_000_000_000
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="x", runner_name="mine", loop_pid=5, loop_tid=5)
+        done, left = (tl.task_created(TimelineTask, t, 0, ResourceRequest(num_cpus=1),
+                                      t0, stage_name="map") for t in ("0-0", "0-1"))
+        for task in (done, left):
+            tl.task_dispatched(task, t0 + 10)
+        tl.task_ended(done, t0 + 50, None)
+        tl.task_ended(left, t0 + 60, {L.ARG_STATUS: L.STATUS_UNFINISHED})
+        tl.close({L.ARG_ERROR_TYPE: "KeyError", L.ARG_ERROR: "'partition 7'\n(in the loop)"})
+    for engine in ("reader", "trace_processor"):
+        out = tracer("summary", path, "--engine", engine)
+        assert out.returncode == 0, out.stderr
+        assert ("The run ended with an error: KeyError: 'partition 7' (in the loop)"
+                in out.stdout), out.stdout
+        assert "Unfinished (in flight when the trace ended): 1 of 'map'" in out.stdout
+        with TraceQuery(path, QueryConfig(engine=engine)) as q:  # type: ignore[arg-type]
+            assert q.run_info()["error_type"] == "KeyError"
+    clean = _runner_like_trace(tmp_path / "clean.perfetto-trace", 500)
+    out = tracer("summary", clean, "--engine", "reader").stdout
+    assert "ended with an error" not in out and "Unfinished" not in out
+
+
 def _gc_trace(path: Path, gc_args: dict[str, int] | None) -> Path:
     """A run's loop of 100 ms whose execution slice ends with ``gc_args`` (None: a trace
     written before the driver's GC was recorded)."""

@@ -231,6 +231,8 @@ def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
         "ray_events_source": None, "ray_events_missing": None, "ray_events_dropped": None,
         # nor of the driver's GC (written by hand, not by the run timeline)
         "driver_gc_collections": None, "driver_gc_ns": None, "driver_gc_longest_ns": None,
+        # and its run's slice never ended: no error said
+        "error_type": None, "error": None,
     }
     assert q.engine == "reader"
     (warning,) = q.warnings()

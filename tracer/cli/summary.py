@@ -63,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
         killed = [(r["stage"], r["oom_killed"]) for r in records(q.memory_by_stage())
                   if r["oom_killed"]]
         largest = _largest_at_a_kill(q) if killed else None
+        unfinished: dict[str, int] = {}
+        for r in records(q.task_latency()):
+            if r["status"] == L.STATUS_UNFINISHED:
+                unfinished[r["stage"]] = unfinished.get(r["stage"], 0) + 1
         engine = q.engine
         warned = bool(q.warnings())
     if stages.empty and loop["count"].isna().all() and not warned:
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     style = Style.for_stream(sys.stdout)
     print(render(args.trace, engine, info, stages, latency, loop, util, style, killed,
-                 largest))
+                 largest, list(unfinished.items())))
     return 0
 
 
@@ -150,10 +154,12 @@ def render(
     style: Style,
     oom_killed: list[tuple[str, int]] | None = None,
     largest_at_kill: dict[str, Any] | None = None,
+    unfinished: list[tuple[str, int]] | None = None,
 ) -> str:
     """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage;
     ``largest_at_kill``: the Ray worker using the most memory at a kill (a row of
-    :meth:`~tracer.query.TraceQuery.oom_reports`)."""
+    :meth:`~tracer.query.TraceQuery.oom_reports`); ``unfinished``: tasks still in
+    flight when the trace ended, by stage."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -177,6 +183,9 @@ def render(
             empty="(no tasks in this trace)",
         )
     )
+    if unfinished:  # (not failed, not done: a run that stopped, or a cut trace)
+        said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in unfinished)
+        parts[-1] += f"\nUnfinished (in flight when the trace ended): {said}"
     if oom_killed:  # (among the failed: say so, its memory figures are elsewhere)
         said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in oom_killed)
         parts[-1] += (
@@ -250,6 +259,10 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
         bits.append(f"level {info['tracing_level']}")
     bits.append(f"engine {engine}")
     header = style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
+    if info.get("error_type"):
+        error = " ".join(str(info.get("error") or "").split())  # one line
+        header += (f"\nThe run ended with an error: {info['error_type']}"
+                   + (f": {error[:200]}" if error else ""))
     source = info.get("ray_events_source")
     if source is None and info.get("ray_events_missing") is None:
         return header  # Ray's events were not read (level 0, TRACER_RAY_EVENTS=0)

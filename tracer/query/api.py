@@ -198,7 +198,9 @@ class TraceQuery:
         (executions without them), ``ray_events_dropped`` (events Ray says it
         dropped); and the driver's Python GC while the run was traced:
         ``driver_gc_collections``, ``driver_gc_ns`` (their time in all),
-        ``driver_gc_longest_ns``. Each None when the trace does not say.
+        ``driver_gc_longest_ns``; ``error_type`` and ``error`` when the run ended
+        with an error (the traced block raised, the driver exited with the tracer
+        open: ``DriverExitedError``). Each None when the trace does not say.
 
         Read from the dispatch loop's ``execution`` slice and its ``Ray's
         events read`` instant (the first ones, if the trace holds several).
