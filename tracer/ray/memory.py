@@ -340,6 +340,21 @@ def track_task_memory(
             _finish(finish, metrics, overlapped)
 
 
+def _say_per_task(reason: str) -> None:
+    """Once per worker process (Ray shows a worker's warnings on the driver's console):
+    level 2 runs the slower way here, and why, unless the user asked for it."""
+    from tracer._env import warn_once
+    from tracer.ray.memory_session import PER_TASK_ENV
+
+    if PER_TASK_ENV in reason:
+        return
+    warn_once(
+        f"tracer: level 2 measures each task of this worker with a memray tracker of its "
+        f"own, ~20-90 ms more a task than one tracker for the process, because {reason}; "
+        "a C compiler when tracer is installed builds what the cheaper way needs"
+    )
+
+
 def _begin(
     metrics: dict[str, Any], native_traces: bool, all_allocations: bool
 ) -> Callable[[], None] | None:
@@ -357,8 +372,10 @@ def _begin(
 
             arrow_on_system_pool()  # else memray sees none of Arrow's buffers
 
-            if memory_session.disabled_reason() is not None:
+            reason = memory_session.disabled_reason()
+            if reason is not None:
                 memory_session.stop()  # one started before must not keep memray's one tracker
+                _say_per_task(reason)
             else:
                 began = memory_session.begin(native_traces)
                 if not isinstance(began, str):
