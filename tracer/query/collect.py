@@ -437,11 +437,12 @@ class TraceRows(TraceVisitor):
             head_id = st[6]
             head = heads.get(head_id) if head_id is not None else None
             if head is not None:
-                if head_id not in pairs:
-                    pairs[head_id] = task_of(head[1], head[2], head[0])
-                    if pairs[head_id] is not None and head[3] is not None:
-                        pairs[head_id][2] = head[3]  # type: ignore[index]
-                pair = pairs[head_id]
+                if head_id in pairs:
+                    pair = pairs[head_id]
+                else:
+                    pair = pairs[head_id] = task_of(head[1], head[2], head[0])
+                    if pair is not None and head[3] is not None:
+                        pair[2] = head[3]  # the worker Ray's events name
                 if pair is not None:
                     note(pair, st[3], st[1])
                 continue

@@ -125,8 +125,8 @@ class Failures:
         where: dict[str, Any] = {}
         # Ray's name of the task: the reference runner's tasks are named after their
         # stage, so an OOM report of several workers says which one ran it.
-        name = self.timeline.stage_name(task) if task is not None else None
-        node_id, pid = (None, 0) if metrics is not None else where_from_error(error, name)
+        ray_name = self.timeline.stage_name(task) if task is not None else None
+        node_id, pid = (None, 0) if metrics is not None else where_from_error(error, ray_name)
         if node_id:
             where[L.ARG_NODE_ID] = node_id
         if pid:
@@ -134,7 +134,7 @@ class Failures:
         memory: dict[str, Any] = {}
         if task is not None:
             memory[L.ARG_MEMORY_REQUESTED] = int(task.request.memory_bytes or 0)
-        memory.update(kill_args(error, name))
+        memory.update(kill_args(error, ray_name))
         killed = killed_workers(error) if metrics is None else {}
         attempts: dict[str, Any] = {}
         if metrics is not None and metrics.get("attempt"):
