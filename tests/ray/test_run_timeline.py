@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from engines_agree import assert_engines_agree
 
+from tracer.cli import main
 from tracer.format import TraceWriter, read_trace
 from tracer.query import QueryConfig, TraceQuery
 from tracer.ray import ResourceRequest, TracingLevel
@@ -687,3 +688,57 @@ def test_a_driver_clock_stepped_back_mid_wave_leaves_the_loop_nested(
     tasks = [s for s in model.slices if s.category == L.CAT_TASK and s.depth == 0]
     assert len(tasks) == 2 and all(t.dur is not None and t.dur >= 0 for t in tasks)
     assert_engines_agree(path)
+
+
+def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A runner that gives Ray another ``memory=`` than its ``ResourceRequest``: each
+    execution is judged by what Ray reserved (what it scheduled by), the runner's figure
+    is kept, the stage's summary follows, and the run says how many (a fresh user's
+    runner: 100 MiB said and 16 reserved, 0 said and 16 reserved, 16 said and none)."""
+    path = tmp_path / "requests.perfetto-trace"
+    cases = {  # task: (the runner's request, what Ray reserved, the peak)
+        "a": (100 * MIB, 16 * MIB, 60 * MIB),
+        "b": (0, 16 * MIB, 60 * MIB),
+        "c": (16 * MIB, 0, 60 * MIB),
+        "d": (64 * MIB, 64 * MIB, 60 * MIB),
+    }
+    with caplog.at_level("WARNING", logger="tracer"), TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="req", runner_name="engine", level=TracingLevel.TIMELINE,
+                         loop_pid=77, loop_tid=77)
+        for i, (task_id, (said, reserved, peak)) in enumerate(cases.items()):
+            task = tl.task_created(TimelineTask, task_id, 0,
+                                   ResourceRequest(num_cpus=1, memory_bytes=said),
+                                   T0 + i * MS, stage_name="s")
+            tl.task_dispatched(task, T0 + i * MS + 1)
+            resources = {"CPU": 1.0, **({"memory": float(reserved)} if reserved else {})}
+            tl.execution({"start_ns": T0 + 5 * MS, "end_ns": T0 + 9 * MS, "node_id": "n",
+                          "pid": 500 + i, "rss_peak": peak, "assigned_resources": resources},
+                         task)
+            tl.task_ended(task, T0 + 10 * MS, None)
+        tl.stage_done(0)
+        tl.close()
+    warnings = [r.getMessage() for r in caplog.records if "Ray reserved" in r.getMessage()]
+    assert len(warnings) == 1 and "'a'" in warnings[0]  # once a run, naming the first
+
+    model = read_trace(path, strict=True)
+    executions = {e.args[L.ARG_TASK_ID]: e.args for e in model.slices
+                  if e.category == L.CAT_EXECUTION}
+    assert {t: (a.get(L.ARG_MEMORY_REQUESTED), a.get(L.ARG_MEMORY_REQUESTED_BY_RUNNER),
+                a.get(L.ARG_OVER_REQUEST)) for t, a in executions.items()} == {
+        "a": (16 * MIB, 100 * MIB, True),
+        "b": (16 * MIB, 0, True),
+        "c": (0, 16 * MIB, None),  # Ray reserved nothing: no request to be over
+        "d": (64 * MIB, None, None),
+    }
+    (stage,) = [s for s in model.slices if s.category == L.CAT_STAGE]
+    assert stage.args[L.ARG_MEMORY_REQUESTED] == {"min": 0, "p50": 16 * MIB, "max": 64 * MIB}
+    assert stage.args[L.ARG_TASKS_OVER_REQUEST] == 2
+    with TraceQuery(path, QueryConfig(engine="reader")) as q:
+        assert q.run_info()[L.ARG_MEMORY_REQUEST_MISMATCHES] == 3
+        flagged = q.memory_flagged()
+    assert sorted(flagged["task_id"]) == ["a", "b"]
+    assert_engines_agree(path)
+    assert main(["summary", str(path), "--engine", "reader"]) == 0
+    assert "3 executions were given another memory= by Ray" in capsys.readouterr().out

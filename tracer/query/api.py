@@ -200,7 +200,9 @@ class TraceQuery:
         ``driver_gc_collections``, ``driver_gc_ns`` (their time in all),
         ``driver_gc_longest_ns``; ``error_type`` and ``error`` when the run ended
         with an error (the traced block raised, the driver exited with the tracer
-        open: ``DriverExitedError``). Each None when the trace does not say.
+        open: ``DriverExitedError``); ``memory_request_mismatches``, the executions
+        Ray reserved another memory for than their ``ResourceRequest`` said (their
+        ``memory_requested`` is Ray's). Each None when the trace does not say.
 
         Read from the dispatch loop's ``execution`` slice and its ``Ray's
         events read`` instant (the first ones, if the trace holds several).

@@ -256,8 +256,14 @@ ARG_DRIVER_GC_LONGEST_NS = "driver_gc_longest_ns"
 ARG_DRIVER_GC_DROPPED = "driver_gc_dropped"
 
 # Memory annotations (bytes). On execution slices:
-#: What the task asked Ray for (``memory=``); 0 means no request.
+#: What the task asked Ray for (``memory=``); 0 means no request. On an
+#: execution whose resources Ray reported, what Ray reserved for it.
 ARG_MEMORY_REQUESTED = "memory_requested"
+#: On an execution Ray reserved another memory for than the runner's
+#: ``ResourceRequest`` said: the runner's figure (memory_requested is Ray's).
+ARG_MEMORY_REQUESTED_BY_RUNNER = "memory_requested_by_runner"
+#: On the run's ``execution`` slice: how many executions had such a mismatch.
+ARG_MEMORY_REQUEST_MISMATCHES = "memory_request_mismatches"
 #: The task's actual peak: at level 2 memray's heap high-water mark of the task
 #: (ARG_HEAP_PEAK); at level 1, or when memray was unavailable, the worker
 #: process's private peak RSS while the task ran, or the engine's own per-task

@@ -45,6 +45,8 @@ producers serialise their calls (the runner tracer holds its lock).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import threading
 import weakref
@@ -77,6 +79,8 @@ Measurements = dict[str, Any]
 CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
 
 _T = TypeVar("_T", bound="TimelineTask")
+
+logger = logging.getLogger("tracer")
 
 # The Scheduler's tracks, top down (every one ranked: the UI puts unranked siblings of an
 # explicitly ordered track before the ranked ones, in the order they were declared, so a
@@ -201,6 +205,12 @@ class RunTimeline:
         self._request_annotations: dict[int, tuple[ResourceRequest, dict[str, Any]]] = {}
         #: Tasks whose measurements will never arrive (see :meth:`lost`).
         self.lost_measurements = 0
+        #: Executions Ray reserved another memory for than their task's request said.
+        self.request_mismatches = 0
+        #: Log the first such execution: a runner that says one request and gives Ray
+        #: another has a bug to fix. An engine that sets a task's memory= itself, past
+        #: what the producer sees (Ray Data's per-task estimate), says False.
+        self.warn_request_mismatch = True
         # Counters a producer samples with figures of its own (declared on first use).
         self._stage_inflight: dict[Any, CounterTrack] = {}
         self._avail_object_store: CounterTrack | None = None
@@ -581,13 +591,50 @@ class RunTimeline:
         start: int,
         end: int,
     ) -> dict[str, Any]:
-        """Requested vs actual memory of one execution; queues its memory counter samples."""
+        """Requested vs actual memory of one execution; queues its memory counter samples.
+
+        The request is what Ray reserved for the execution (its ``memory=``, in the
+        resources the execution reports) wherever that is known, since that is what
+        Ray scheduled by: a runner whose ``ResourceRequest`` says otherwise passed
+        Ray something else, and judging the task by a figure Ray never saw would
+        flag the wrong tasks. The runner's own figure is kept beside it
+        (``memory_requested_by_runner``), the task and its stage take Ray's from
+        then on, and the first such task is logged.
+        """
         requested = int(task.request.memory_bytes or 0) if task is not None else None
+        extra: dict[str, Any] = {}
+        if task is not None and requested is not None:
+            reserved = _reserved_memory(m)
+            if reserved is not None and reserved != requested:
+                extra[L.ARG_MEMORY_REQUESTED_BY_RUNNER] = requested
+                self._request_differs(task, stage, requested, reserved)
+                requested = reserved
         args, peak, over = self.memory.execution(m, requested, node, worker, start, end)
+        if extra:
+            args.update(extra)
         if stage is not None and peak is not None:
             stage.peaks.append(peak)
             stage.over_request += over
         return args
+
+    def _request_differs(
+        self, task: TimelineTask, stage: Stage | None, runner: int, reserved: int
+    ) -> None:
+        """Ray reserved ``reserved`` bytes for ``task``, created with ``runner``."""
+        task.request = dataclasses.replace(task.request, memory_bytes=reserved)
+        if stage is not None:
+            stage.request_fixes.append((runner, reserved))
+        self.request_mismatches += 1
+        if self.request_mismatches == 1 and self.warn_request_mismatch:
+            logger.warning(
+                "tracer: task %r (stage %r) was created with a memory request of %d bytes, "
+                "but Ray reserved %d for it (the memory= it was given); the trace's "
+                "memory_requested is what Ray reserved, the runner's figure is kept as "
+                "%s. Give Ray the ResourceRequest's memory (or task_created Ray's); "
+                "the run's end counts such tasks (%s)",
+                task.task_id, self.stage_name(task), runner, reserved,
+                L.ARG_MEMORY_REQUESTED_BY_RUNNER, L.ARG_MEMORY_REQUEST_MISMATCHES,
+            )
 
     def locate(self, node_id: str | None, pid: int) -> Track:
         """The track of a worker (or node) named by a failure: see :meth:`Nodes.locate`."""
@@ -760,6 +807,8 @@ class RunTimeline:
         """The end of the run's slice at ``ts`` (now if None), with ``lost_measurements``
         and ``args``."""
         end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
+        if self.request_mismatches:
+            end_args[L.ARG_MEMORY_REQUEST_MISMATCHES] = self.request_mismatches
         end_args.update(self._driver_gc_args())
         self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
 
@@ -786,6 +835,18 @@ class RunTimeline:
             self.writer.instant(
                 self.loop, L.INSTANT_RAY_EVENTS, ts, category=L.CAT_SCHEDULER, args=args
             )
+
+
+def _reserved_memory(m: Measurements) -> int | None:
+    """The memory Ray reserved for an execution, from the resources it reports; None
+    where they are not reported (an engine's own measurements, a failed read)."""
+    resources = m.get("assigned_resources")
+    if not isinstance(resources, dict):
+        return None
+    try:
+        return int(float(resources.get("memory") or 0))
+    except (TypeError, ValueError):
+        return None
 
 
 def _num(value: Any) -> int | float:

@@ -13,6 +13,7 @@ stage on the same track.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +35,7 @@ class Stage:
         "outstanding",
         "over_request",
         "peaks",
+        "request_fixes",
         "requests",
         "stage_id",
         "tasks",
@@ -50,6 +52,8 @@ class Stage:
         self.outstanding = 0  # tasks created and not ended
         self.tasks = 0
         self.requests: list[int] = []
+        #: (the runner's request, what Ray reserved) of the tasks where they differ.
+        self.request_fixes: list[tuple[int, int]] = []
         self.peaks: list[int] = []
         self.over_request = 0
         self.written = False
@@ -103,7 +107,7 @@ class Stages:
         stage.written = True
         args: dict[str, Any] = {"num_tasks": stage.tasks}
         if stage.requests:
-            args[L.ARG_MEMORY_REQUESTED] = summary(stage.requests)
+            args[L.ARG_MEMORY_REQUESTED] = summary(_requests(stage))
         if stage.peaks:
             args[L.ARG_MEMORY_PEAK] = summary(stage.peaks)
             args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
@@ -119,3 +123,15 @@ def summary(values: Iterable[int]) -> dict[str, int]:
     per-task values."""
     vals = sorted(values)
     return {"min": vals[0], "p50": nearest_rank(vals, 50) or 0, "max": vals[-1]}
+
+
+def _requests(stage: Stage) -> list[int]:
+    """The stage's memory requests, with Ray's figure where it reserved another."""
+    if not stage.request_fixes:
+        return stage.requests
+    counts = Counter(stage.requests)
+    for runner, reserved in stage.request_fixes:
+        if counts[runner] > 0:
+            counts[runner] -= 1
+            counts[reserved] += 1
+    return list(counts.elements())
