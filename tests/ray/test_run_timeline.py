@@ -741,4 +741,4 @@ def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
     assert sorted(flagged["task_id"]) == ["a", "b"]
     assert_engines_agree(path)
     assert main(["summary", str(path), "--engine", "reader"]) == 0
-    assert "3 executions were given another memory= by Ray" in capsys.readouterr().out
+    assert "3 executions' memory requests are what Ray reserved" in capsys.readouterr().out

@@ -265,9 +265,9 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
                    + (f": {error[:200]}" if error else ""))
     mismatches = info.get(L.ARG_MEMORY_REQUEST_MISMATCHES)
     if mismatches:
-        header += (f"\n{fmt_count(mismatches, style)} executions were given another memory= "
-                   "by Ray than their task's ResourceRequest said: their request is Ray's "
-                   "(the runner's is memory_requested_by_runner)")
+        header += (f"\n{fmt_count(mismatches, style)} executions' memory requests are what "
+                   "Ray reserved, not what their task said (kept as "
+                   "memory_requested_by_runner)")
     source = info.get("ray_events_source")
     if source is None and info.get("ray_events_missing") is None:
         return header  # Ray's events were not read (level 0, TRACER_RAY_EVENTS=0)
