@@ -232,7 +232,7 @@ def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
         # nor of the driver's GC (written by hand, not by the run timeline)
         "driver_gc_collections": None, "driver_gc_ns": None, "driver_gc_longest_ns": None,
         # and its run's slice never ended: no error said
-        "error_type": None, "error": None,
+        "error_type": None, "error": None, "memory_request_mismatches": None,
     }
     assert q.engine == "reader"
     (warning,) = q.warnings()
