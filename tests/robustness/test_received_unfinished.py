@@ -140,3 +140,38 @@ def test_task_not_finished_by_the_close_is_lost_after_a_bounded_wait(
     assert lost.args[L.ARG_TASK_ID] == "forever"
     assert lost.args[L.ARG_REASON] == "the task had not finished by the close"
     assert execution_slice(model).args[L.ARG_LOST_MEASUREMENTS] == 1
+
+
+def test_task_received_unfinished_and_read_once_finished_is_marked_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Received while running, and finished by the time its batch was read (a fresh
+    user's loop that marked every task in flight received): the same mark and warning,
+    where it had neither and its pickup came out negative; no pickup in the analysis."""
+    from engines_agree import assert_engines_agree
+
+    from tracer.query import QueryConfig, TraceQuery
+
+    caplog.set_level(logging.WARNING, logger="tracer")
+    path = tmp_path / "late.perfetto-trace"
+    with ray_tracer("late", level=1, path=path) as rt, rt.dispatch_wave(0):
+        quick = _dispatch(rt, "quick", 0)
+        ray.get(quick)
+        rt.task_received_as_ready("quick")  # read at once: the first of the run
+        ref = _dispatch(rt, "late", 0.3)
+        rt.task_received_as_ready("late")  # batched: not read yet
+        ray.get(ref)
+        assert rt.complete_received() == {}
+    warnings = _tracer_warnings(caplog)
+    assert len(warnings) == 1 and "late" in warnings[0], warnings
+    model = load_complete(path)
+    tasks = tasks_by_id(model)
+    assert tasks["late"][0].args[L.ARG_RECEIVED_UNFINISHED] is True
+    assert L.ARG_RECEIVED_UNFINISHED not in tasks["quick"][0].args
+    for engine in ("reader", "trace_processor"):
+        with TraceQuery(path, QueryConfig(engine=engine)) as q:
+            latency = q.task_latency().set_index("task_id")
+        assert latency.loc["quick", "pickup_ns"] >= 0
+        assert latency.isna().loc["late", "pickup_ns"], latency.loc["late"]
+        assert latency.loc["late", "running_ns"] >= 0.3e9
+    assert_engines_agree(path)

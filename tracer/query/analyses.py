@@ -246,7 +246,10 @@ def latency_rows(rows: TraceRows) -> Latency:
         else:
             final_status = "ok"
         total = None if received is None else received - created
-        pickup = None if received is None or finished is None else received - finished
+        # None where the runner received it before it finished (received_unfinished): no
+        # duration, where a negative one would pull a stage's percentiles down.
+        pickup = (None if received is None or finished is None or received < finished
+                  else received - finished)
         running = None if finished is None or started is None else finished - started
         for d in _each(dispatched):
             out.append(

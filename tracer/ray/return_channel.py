@@ -55,6 +55,9 @@ METRICS_TIMEOUT_S = 10.0
 #: How long a failed task's measurements return is waited for, to be read
 #: once (see ReturnChannel.drop): it arrives with the task's result.
 _DROP_WAIT_S = 0.5
+#: How far a task's end may pass its receipt before it counts as received unfinished:
+#: the clocks of a worker's node and the driver's may differ by this much.
+CLOCK_SLACK_NS = 2_000_000
 #: Measurements that could not be read with their batch, drained when this many wait.
 _MAX_PENDING = 512
 #: How long a read that found a measurement missing waits for it before calling its task
@@ -127,14 +130,29 @@ class ReturnChannel:
         """A received task that has not finished: read once it has (warned once)."""
         self.unfinished.append((task, task.metrics_ref))
         task.metrics_ref = None
+        self.say_received_unfinished(task)
+
+    def finished_after_received(self, task: RunnerTask) -> bool:
+        """Whether a task whose measurements are read ended after the runner received it
+        (by more than the clocks of two nodes may differ): it was received unfinished,
+        and finished by the time its batch was read. Warned as :meth:`_keep_unfinished`."""
+        m = task.metrics
+        if m is None or int(m.get("end_ns") or 0) <= task.received_ts + CLOCK_SLACK_NS:
+            return False
+        self.say_received_unfinished(task)
+        return True
+
+    def say_received_unfinished(self, task: RunnerTask) -> None:
+        """One warning per execution: the runner reported a task received before it ended."""
         if self._warned:
             return
         self._warned = True
         logger.warning(
             "tracer: task %s of execution %s was reported received (task_received_as_ready) "
             "before it finished; the tracer does not wait for it: its task slice ends where it "
-            "was received, marked %s, and its execution is drawn once it has finished. "
-            "Further such tasks of this execution are not warned about.",
+            "was received, marked %s, its execution is drawn where it ran, and the latency "
+            "analysis gives it no pickup. Further such tasks of this execution are not "
+            "warned about.",
             task.task_id, self.timeline.execution_id, L.ARG_RECEIVED_UNFINISHED,
         )
 

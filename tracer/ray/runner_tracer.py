@@ -392,15 +392,20 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
                 for task in tasks:
                     error = errors.get(task.task_id)
                     if error is None:
-                        args = _RECEIVED_UNFINISHED if task.task_id in early else None
+                        args = (_RECEIVED_UNFINISHED
+                                if task.task_id in early or returns.finished_after_received(task)
+                                else None)
                         self._finish_task(task, task.received_ts, args)
                     else:
                         self._record_failure(task.task_id, error, task.received_ts, task)
             else:
+                late = returns.finished_after_received
                 for task in tasks:
                     error = errors.get(task.task_id)
                     if error is None:
-                        self._finish_task(task, task.received_ts, None)
+                        # Received unfinished, and finished by the time it was read.
+                        args = _RECEIVED_UNFINISHED if late(task) else None
+                        self._finish_task(task, task.received_ts, args)
                     else:
                         self._record_failure(task.task_id, error, task.received_ts, task)
         self._completing = []

@@ -254,7 +254,8 @@ CREATE INDEX tracer_mark_by_task ON tracer_mark(task_id, ts);
 --   waiting_ns    created -> dispatched  (waiting in the runner for a batch)
 --   scheduling_ns dispatched -> started  (Ray scheduling, worker start, args)
 --   running_ns    started -> finished    (the task's body)
---   pickup_ns     finished -> received   (until the runner saw the result)
+--   pickup_ns     finished -> received   (until the runner saw the result;
+--                 NULL where it was received before it finished)
 -- An execution goes to the latest attempt of its task_id created before it
 -- started; an attempt keeps its latest execution.
 --
@@ -428,7 +429,7 @@ SELECT
   dispatched_ts - created_ts AS waiting_ns,
   started_ts - dispatched_ts AS scheduling_ns,
   finished_ts - started_ts AS running_ns,
-  received_ts - finished_ts AS pickup_ns,
+  CASE WHEN received_ts >= finished_ts THEN received_ts - finished_ts END AS pickup_ns,
   received_ts - created_ts AS total_ns,
   memory_requested,
   memory_peak,
