@@ -11,6 +11,7 @@ generator-based context managers (~1.5 µs a block).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from tracer.ray.null_tracer import awaiting_args
 from tracer.ray.timeline import RunTimeline
 
 __all__ = ["LoopCalls"]
+
+logger = logging.getLogger("tracer")
 
 
 class LoopCalls:
@@ -31,12 +34,22 @@ class LoopCalls:
     _timeline: RunTimeline
     _noop_open: int
     _wave_counts: dict[str, int] | None
+    _misuse_said: set[str]
 
     def _disable(self, exc: BaseException) -> None:
         raise NotImplementedError
 
     def _end_wave(self, metrics: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _say_misuse(self, kind: str, message: str, *args: Any) -> None:
+        """One warning per kind of misuse and tracer: the trace is still drawn, but not
+        as the runner meant, and nothing else would tell it."""
+        said = self._misuse_said
+        if kind in said:
+            return
+        said.add(kind)
+        logger.warning("tracer: " + message, *args)
 
     def dispatch_wave(
         self, wave_num: int
@@ -182,22 +195,33 @@ class _LoopSlice:
 class _Wave:
     """A wave as a ``with`` block; per-wave counts and ``update(**metrics)`` become its args."""
 
-    __slots__ = ("_metrics", "_tracer", "_wave_num")
+    __slots__ = ("_metrics", "_outer", "_tracer", "_wave_num")
 
     def __init__(self, tracer: LoopCalls, wave_num: int) -> None:
         self._tracer = tracer
         self._wave_num = wave_num
         self._metrics: dict[str, Any] = {}
+        self._outer: dict[str, int] | None = None
 
     def __enter__(self) -> Callable[..., None]:
         tracer = self._tracer
+        self._outer = outer = tracer._wave_counts
+        if outer is not None:
+            tracer._say_misuse(
+                "nested_wave", "dispatch_wave(%r) began inside another wave: waves do not "
+                "nest (the dispatch loop's time in waves counts it twice); end a wave before "
+                "the next. The outer wave's counts include the inner's.", self._wave_num,
+            )
         tracer._begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._wave_num})
         tracer._wave_counts = {}
         return self._metrics.update
 
     def __exit__(self, *exc: object) -> None:
         tracer = self._tracer
-        counts, tracer._wave_counts = tracer._wave_counts, None
+        counts, tracer._wave_counts = tracer._wave_counts, self._outer
+        if self._outer is not None and counts:
+            for key, n in counts.items():
+                self._outer[key] = self._outer.get(key, 0) + n
         metrics = self._metrics
         if counts:
             metrics = {**counts, **metrics}

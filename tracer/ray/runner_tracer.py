@@ -123,6 +123,7 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
         self._noop_open = 0  # no-op task slices open on the loop
         self._closed = False
         self._wave_counts: dict[str, int] | None = None  # per-wave counts, inside a wave
+        self._misuse_said: set[str] = set()  # kinds of misuse warned of (once each)
         self._timeline = timeline = RunTimeline(
             writer, execution_id=execution_id, runner_name=runner_name, level=level,
             cluster_resources=cluster_resources,
@@ -241,6 +242,13 @@ class RunnerTracer(LifecycleCalls, LoopCalls):
             with self._lock:
                 task = self._tasks.get(task_id if task_id.__class__ is str else str(task_id))
                 if task is None:
+                    self._say_misuse(
+                        "not_created", "task %r of execution %s was dispatched (with_tracing, "
+                        "task_dispatched) but never created (task_created), or was already "
+                        "received: it runs untraced. Call task_created before dispatching "
+                        "it. Further such tasks are not warned about.",
+                        task_id, self.execution_id,
+                    )
                     return None
                 if task.dispatch_ts is not None:
                     # Recorded already (by the runner, then again by the wrapper that
