@@ -187,11 +187,29 @@ def check_daft_trace(run: Run, level: int) -> TraceModel:
         assert e.args[L.ARG_MEMORY_REQUESTED] == (REQUEST if e.name == "Project" else 0)
 
     # Daft's loop counts no tasks in flight: the tracer's own count (dispatched, not yet
-    # received, at each wave's end) is drawn, and CPUs available never go below 0.
+    # received, at the end of each phase of the loop where it changed) is drawn, and CPUs
+    # available never go below 0.
     counters = {t.name: [c.value for c in model.counters_on(t.uuid)]
                 for t in model.tracks.values() if t.kind == "counter"}
     in_flight = counters[L.COUNTER_INFLIGHT]
     assert max(in_flight) >= 1 and in_flight[-1] == 0, in_flight
+    # It counts each task up to its receipt, and its CPU as held: Daft dispatches at a
+    # wave's start and waits the rest of it, so a count taken at the waves' ends alone
+    # (as it was) missed the tasks dispatched and received in one wave, the first among
+    # them (a fresh user's review: an idle cluster drawn while it was full).
+    steps = {name: [(c.ts, c.value) for c in model.counters_on(_only(model, name).uuid)]
+             for name in (L.COUNTER_INFLIGHT, L.COUNTER_AVAILABLE_CPUS)}
+
+    def value_at(name: str, ts: int) -> float | None:
+        before = [v for t, v in steps[name] if t <= ts]
+        return before[-1] if before else None
+
+    for task in tasks:
+        end = task.ts + (task.dur or 0)
+        flying, cpus = (value_at(n, end - 1) for n in (L.COUNTER_INFLIGHT,
+                                                        L.COUNTER_AVAILABLE_CPUS))
+        assert flying is not None and flying >= 1, (task.args, steps)
+        assert cpus is not None and cpus <= 1, (task.args, steps)
     assert all(0 <= v <= 2 for v in counters[L.COUNTER_AVAILABLE_CPUS])
 
     # Stages: Daft's stage ids; an arrow from the stage to each of its executions.

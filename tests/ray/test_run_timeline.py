@@ -706,6 +706,7 @@ def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
     }
     with caplog.at_level("WARNING", logger="tracer"), TraceWriter(path) as w:
         tl = RunTimeline(w, execution_id="req", runner_name="engine", level=TracingLevel.TIMELINE,
+                         cluster_resources={"CPU": 4.0, "memory": 1024.0 * MIB},
                          loop_pid=77, loop_tid=77)
         for i, (task_id, (said, reserved, peak)) in enumerate(cases.items()):
             task = tl.task_created(TimelineTask, task_id, 0,
@@ -717,6 +718,7 @@ def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
                           "pid": 500 + i, "rss_peak": peak, "assigned_resources": resources},
                          task)
             tl.task_ended(task, T0 + 10 * MS, None)
+            tl.sample_resources()
         tl.stage_done(0)
         tl.close()
     warnings = [r.getMessage() for r in caplog.records if "Ray reserved" in r.getMessage()]
@@ -734,6 +736,9 @@ def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
     }
     (stage,) = [s for s in model.slices if s.category == L.CAT_STAGE]
     assert stage.args[L.ARG_MEMORY_REQUESTED] == {"min": 0, "p50": 16 * MIB, "max": 64 * MIB}
+    # A task holds Ray's figure from then on: what it gives back is what it holds.
+    (available,) = [t for t in model.tracks.values() if t.name == L.COUNTER_AVAILABLE_MEMORY]
+    assert [c.value for c in model.counters_on(available.uuid)][-1] == 1024 * MIB
     assert stage.args[L.ARG_TASKS_OVER_REQUEST] == 2
     with TraceQuery(path, QueryConfig(engine="reader")) as q:
         assert q.run_info()[L.ARG_MEMORY_REQUEST_MISMATCHES] == 3

@@ -71,7 +71,12 @@ class LoopCalls:
             return
         try:
             with self._lock:
-                self._timeline.end_loop(args)
+                timeline = self._timeline
+                timeline.end_loop(args)
+                # Tasks in flight and what is available, as of this phase's end: a loop
+                # that dispatches at a wave's start and waits the rest of it (Daft's)
+                # would otherwise see them a wave late.
+                timeline.sample_resources_if_changed()
         except Exception as exc:
             self._disable(exc)
 

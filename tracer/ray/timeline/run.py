@@ -236,6 +236,7 @@ class RunTimeline:
         self._in_flight = 0
         self._dispatched_any = False  # (before, the runner may not have counted yet)
         self._producer_counts_in_flight = False
+        self._resources_changed = False  # a task dispatched or released since the sample
 
         w.begin(
             self.loop,
@@ -272,6 +273,7 @@ class RunTimeline:
         shows; "-179 CPUs available" read as a bug. A runner that does not count
         its tasks in flight gets the timeline's count (dispatched, not done) here.
         """
+        self._resources_changed = False
         w = self.writer
         if self._total_cpus:
             w.counter(self._avail_cpus, _num(max(0.0, self._total_cpus - self._used_cpus)))
@@ -281,6 +283,14 @@ class RunTimeline:
             w.counter(self._avail_mem, int(max(0.0, self._total_mem - self._used_mem)))
         if not self._producer_counts_in_flight and self._dispatched_any:
             w.counter(self._inflight, self._in_flight)
+
+    def sample_resources_if_changed(self) -> None:
+        """:meth:`sample_resources` if a task was dispatched or released since the last
+        sample: for a producer to call at each phase of its loop, so that the counters
+        follow the dispatches and receipts within a phase (a wave's end alone leaves
+        them a wave late where a loop dispatches at a wave's start and then waits)."""
+        if self._resources_changed:
+            self.sample_resources()
 
     def count_stage_inflight(self, stage_id: Any, count: int) -> None:
         """Tasks of one stage in flight: a counter per stage under the Scheduler
@@ -474,6 +484,7 @@ class RunTimeline:
         self._used_mem += req.memory_bytes or 0
         self._in_flight += 1
         self._dispatched_any = True
+        self._resources_changed = True
 
     def task_ended(self, task: TimelineTask, ts: int, args: dict[str, Any] | None) -> None:
         """The runner is done with the task (received, failed, cancelled...): its slices end."""
@@ -503,6 +514,7 @@ class RunTimeline:
             self._used_gpus -= req.num_gpus or 0
             self._used_mem -= req.memory_bytes or 0
             self._in_flight -= 1
+            self._resources_changed = True
 
     # ------------------------------------------------------------ executions
 
@@ -622,6 +634,9 @@ class RunTimeline:
     ) -> None:
         """Ray reserved ``reserved`` bytes for ``task``, created with ``runner``."""
         task.request = dataclasses.replace(task.request, memory_bytes=reserved)
+        if task.dispatch_ts is not None and not task.released:  # it holds Ray's from now
+            self._used_mem += reserved - runner
+            self._resources_changed = True
         if stage is not None:
             stage.request_fixes.append((runner, reserved))
         self.request_mismatches += 1
