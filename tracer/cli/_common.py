@@ -113,6 +113,24 @@ def trace_in(given: str) -> str:
     return str(newest)
 
 
+def _has_something(path: str) -> None:
+    """A trace cut before its first whole packet is an error, not empty answers: a script
+    would read empty tables and status 0 as a run that did nothing."""
+    from tracer.errors import TraceReadError
+    from tracer.format import check_framing
+
+    try:
+        framing = check_framing(path)
+    except TraceReadError:
+        return  # not a trace at all: TraceQuery says what it is
+    if framing.truncated and framing.records == 0:
+        raise TraceReadError(
+            f"{path} is cut before its first complete packet: there is nothing in it to "
+            "analyse (a finished trace is one compressed bundle, so a copy cut short holds "
+            "nothing; a run that dies mid-way keeps what it had written)"
+        )
+
+
 @contextlib.contextmanager
 def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[TraceQuery]:
     """A TraceQuery for ``args.trace``; prints its warnings (truncation...) on stderr."""
@@ -126,6 +144,7 @@ def open_query(args: argparse.Namespace, engine: str | None = None) -> Iterator[
         trace_processor_path=args.trace_processor,
     )
     args.trace = trace_in(args.trace)
+    _has_something(args.trace)
     with TraceQuery(args.trace, config) as q:
         for message in q.warnings():
             warn(message)

@@ -261,6 +261,8 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
     header = style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
     if info.get("error_type"):
         error = " ".join(str(info.get("error") or "").split())  # one line
+        if error.startswith(f"{info['error_type']}: "):  # Ray Data's: "ValueError: ..."
+            error = error[len(info["error_type"]) + 2:]
         header += (f"\nThe run ended with an error: {info['error_type']}"
                    + (f": {error[:200]}" if error else ""))
     mismatches = info.get(L.ARG_MEMORY_REQUEST_MISMATCHES)
