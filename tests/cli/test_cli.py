@@ -127,6 +127,9 @@ def test_a_folder_of_traces_reads_its_newest(trace: Path, tmp_path: Path) -> Non
             "(of 2 there)"), result.stderr
         assert str(newest) in result.stdout or command == "query", result.stdout
     assert "nap" in tracer("summary", tmp_path, "--engine", "reader").stdout
+    # The library takes the folder too (it raised 'not a file'), and says which it read.
+    with TraceQuery(tmp_path, QueryConfig(engine="reader")) as q:
+        assert q.path == newest and "nap" in list(q.stage_summary()["stage"])
 
 
 def test_summary_of_a_truncated_trace_warns_and_answers(truncated: Path) -> None:

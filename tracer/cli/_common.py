@@ -19,7 +19,6 @@ __all__ = [
 ]
 
 #: What a trace written by tracer is named (plain, or gzip-compressed).
-_TRACE_SUFFIXES = (".perfetto-trace", ".perfetto-trace.gz")
 
 
 def error(message: str) -> None:
@@ -84,30 +83,16 @@ def add_trace_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> N
 
 
 def trace_in(given: str) -> str:
-    """``given``, or where it is a folder, the newest trace in it (said on stderr).
-
-    Traces a process writes by itself go to a folder (``<session>/logs/tracer``,
-    ``$TRACER_TRACE_DIR``) under names that carry ids and times: the folder is
-    what a user knows. :class:`~tracer.errors.TraceReadError` for a folder with
-    none.
-    """
+    """``given``, or where it is a folder, the newest trace in it (said on stderr):
+    see :func:`tracer.query.config.newest_trace`."""
     from pathlib import Path
 
-    from tracer.errors import TraceReadError
+    from tracer.query.config import newest_trace
 
-    folder = Path(given).expanduser()
-    if not folder.is_dir():
+    if not Path(given).expanduser().is_dir():
         return given
-    try:
-        found = [p for p in folder.iterdir() if p.name.endswith(_TRACE_SUFFIXES) and p.is_file()]
-    except OSError as exc:
-        raise TraceReadError(f"cannot list {given}: {exc.strerror or exc}") from exc
-    if not found:
-        raise TraceReadError(
-            f"{given} is a folder with no trace in it (*.perfetto-trace, *.perfetto-trace.gz)"
-        )
-    newest = max(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
-    more = f" (of {len(found)} there)" if len(found) > 1 else ""
+    newest, count = newest_trace(given)
+    more = f" (of {count} there)" if count > 1 else ""
     print(f"tracer: {given} is a folder: reading its newest trace, {newest.name}{more}",
           file=sys.stderr)
     return str(newest)

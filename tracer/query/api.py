@@ -23,6 +23,7 @@ from tracer.query.config import (
     QueryConfig,
     check_trace_file,
     framing_warning,
+    newest_trace,
 )
 from tracer.query.errors import QueryError, TraceProcessorError, TraceProcessorNotFoundError
 from tracer.query.oom import oom_reports
@@ -54,8 +55,11 @@ class TraceQuery:
     ...     q.stage_summary()
     ...     q.query("SELECT COUNT(*) AS n FROM tracer_task")
 
-    Opening checks the file: :class:`~tracer.errors.TraceReadError` if it is
-    missing or not a Perfetto protobuf trace. The reader engine reads it
+    ``trace``: a trace file, or a folder of them (where a process's own runs
+    write theirs: its newest is read, :attr:`path` says which), as every
+    ``tracer`` command takes it. Opening checks the file:
+    :class:`~tracer.errors.TraceReadError` if it is missing or not a Perfetto
+    protobuf trace. The reader engine reads it
     when opened (streaming it, keeping a row per task). A truncated
     trace is analysed up to its last complete packet; :meth:`warnings` says
     so. trace_processor is started on first need and stopped by
@@ -68,6 +72,8 @@ class TraceQuery:
 
     def __init__(self, trace: str | os.PathLike[str], config: QueryConfig | None = None) -> None:
         self.path = Path(trace)
+        if self.path.expanduser().is_dir():  # as every tracer command takes it
+            self.path, _ = newest_trace(self.path)
         if config is not None and not isinstance(config, QueryConfig):
             raise InvalidArgumentTypeError(
                 f"config must be a QueryConfig (e.g. QueryConfig(engine='reader')), "

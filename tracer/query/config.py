@@ -118,3 +118,28 @@ def framing_warning(path: str | os.PathLike[str]) -> str | None:
             "comes before it can be read"
         )
     return None
+
+
+#: What a trace file's name ends with, in a folder of them.
+TRACE_SUFFIXES = (".perfetto-trace", ".perfetto-trace.gz")
+
+
+def newest_trace(folder: str | os.PathLike[str]) -> tuple[Path, int]:
+    """The newest trace in ``folder`` (by modification time), and how many it holds.
+
+    Traces a process writes by itself go to a folder (``<session>/logs/tracer``,
+    ``$TRACER_TRACE_DIR``) under names that carry ids and times: the folder is
+    what a user knows. :class:`~tracer.errors.TraceReadError` for a folder with
+    none, or one that cannot be listed.
+    """
+    where = Path(folder).expanduser()
+    try:
+        found = [p for p in where.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.is_file()]
+    except OSError as exc:
+        raise TraceReadError(f"cannot list {folder}: {exc.strerror or exc}") from exc
+    if not found:
+        raise TraceReadError(
+            f"{folder} is a folder with no trace in it (*.perfetto-trace, *.perfetto-trace.gz)"
+        )
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.name)), len(found)
+
