@@ -212,6 +212,28 @@ def test_events_it_cannot_place_are_skipped_and_counted(tmp_path: Path) -> None:
     assert [(s.name, s.ts, s.dur) for s in model.slices] == [("ray task f", 10_000, 5_000)]
 
 
+def test_a_json_with_nothing_it_can_place_is_an_error_that_says_what_it_is(
+    tmp_path: Path,
+) -> None:
+    """Daft's own tracer writes begin/end events (a Daft user who forgot tracer's
+    install() has one): it converted to an empty trace with status 0 (a fresh user's
+    review). Now an error that says what the file is and what to do, and no output."""
+    src = tmp_path / "trace_RayRunner.json"
+    src.write_text(json.dumps([
+        {"ph": "B", "name": "wave", "pid": 1, "tid": 1, "ts": 1},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 5},
+        {"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 3},
+    ]))
+    out = tmp_path / "daft.perfetto-trace"
+    assert_one_line_error(
+        tracer("convert", src, "-o", out), "none of its 3 event(s) is a complete ('X') event",
+        "2 are begin/end ('B'/'E') events", "tracer.integrations.daft.install()")
+    assert not out.exists()
+    src.write_text(json.dumps([{"ph": "X", "name": "no time", "pid": 1, "tid": 1}]))
+    line = assert_one_line_error(tracer("convert", src, "-o", out), "none of its 1 event(s)")
+    assert "Daft" not in line and not out.exists()
+
+
 _MEASURE = """
 import resource, sys
 from pathlib import Path

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import gzip
 import os
 import sys
@@ -98,6 +99,18 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve() == source.resolve() or _same_file(out, source):
         raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
     stats = convert(source, out)
+    if stats.skipped and not stats.slices:
+        # Nothing it could place: not Ray's timeline. An empty trace and status 0 would
+        # say the run had no tasks.
+        with contextlib.suppress(OSError):
+            out.unlink()
+        why = f"{source}: none of its {stats.skipped} event(s) is a complete ('X') event " \
+              "with a time, which Ray's timeline (`ray timeline`, ray.timeline()) is made of"
+        if stats.begin_end:
+            why += (f"; {stats.begin_end} are begin/end ('B'/'E') events, as Daft's own "
+                    "tracer writes (logs/daft/*.json): to trace Daft with tracer, call "
+                    "tracer.integrations.daft.install() before the query (README: Daft)")
+        raise ChromeJsonError(why)
     if stats.skipped:
         warn(f"{stats.skipped} event(s) skipped: not complete ('X') events with a time")
     print(f"{out}: {stats.tasks} task(s), {stats.slices} slice(s) on {stats.workers} "
@@ -182,6 +195,7 @@ class Stats:
         self.tasks = 0
         self.slices = 0
         self.skipped = 0
+        self.begin_end = 0  # of the skipped: 'B' and 'E' events (not Ray's: Daft's own)
         self.nodes = 0
         self.workers = 0
 
@@ -297,6 +311,8 @@ class _Converter:
         dur: Any = ev.get("dur", 0)
         if ph != "X" or not _number(ts) or not _number(dur) or dur < 0:
             self.stats.skipped += 1
+            if ph in ("B", "E"):
+                self.stats.begin_end += 1
             return
         start = round(ts * 1000)
         end = start + round(dur * 1000)
