@@ -55,8 +55,12 @@ def test_the_rule(known: Path) -> None:
         "peak_max_bytes": 16 * MIB, "peak_basis": "heap", "requested_bytes": 4 * MIB,
         "headroom": 1.25, "suggested_bytes": 20 * MIB, "change_bytes": 16 * MIB,
         "change_ratio": 5.0, "node_memory_bytes": node, "tasks_per_node": node // (20 * MIB),
-        "tasks_per_node_now": 2048, "note": None,
+        "tasks_per_node_now": 2048, "note": rows["map"]["note"],
     }
+    # A heap peak says what it leaves out: the worker's own memory, which Ray's OOM killer
+    # counts (a fresh user's review: 76 MiB suggested where Ray Data said 165.5).
+    assert rows["map"]["note"].startswith("the task's heap only")
+    assert "OOM killer counts the whole process" in rows["map"]["note"]
     reduce = rows["reduce"]  # the killed task's memory at the kill is its peak, at least
     assert (reduce["peak_max_bytes"], reduce["peak_basis"], reduce["suggested_bytes"]) == (
         300 * MIB, "at kill", 375 * MIB)

@@ -39,7 +39,7 @@ def add_parser(commands: Any) -> None:
             "its request. At tracing level 1 the peak is the worker process's private RSS "
             "(RSS less shared memory: not the object store's pages), or its USS where the "
             "engine measured a larger one (Ray Data); both include the worker's own baseline, "
-            "~60-100 MiB; at level 2 it is memray's heap peak of the task."
+            "~60-120 MiB; at level 2 it is memray's heap peak of the task."
         ),
     )
     add_trace_args(parser)
@@ -206,7 +206,7 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
     level = info.get("tracing_level")
     measured = {
         1: "peak = the worker's private RSS peak, or USS where the engine measured more "
-        "(level 1; includes the worker's own ~60-100 MiB)",
+        "(level 1; includes the worker's own ~60-120 MiB)",
         2: "peak = memray's heap peak of the task (level 2; RSS where memray was unavailable)",
     }.get(level if isinstance(level, int) else -1, "peak = the measured peak")
     parts = [

@@ -23,9 +23,11 @@ both engines give the same suggestions. The rule, per stage:
 
 What a peak is decides what the suggestion means: at level 2 memray's heap
 peak of the task (what the task itself allocated, without the worker's own
-memory), at level 1 the worker's private RSS peak (~60 MiB of its own in a Ray
-worker), or its USS peak where the engine measured one (Ray Data, ~100 MiB);
-both include that baseline, so the suggestion is too high by about that much.
+memory, which is what Ray's docs say ``memory=`` is; the note says so, since
+Ray's OOM killer counts the whole process), at level 1 the worker's private RSS
+peak (~60-120 MiB of its own in a Ray worker), or its USS peak where the engine
+measured one (Ray Data, ~100 MiB); both include that baseline, so the
+suggestion is higher by about that much.
 ``peak_basis`` says which (``"heap"``, ``"rss"``, ``"uss"``, as the largest
 peak's ``peak_source`` in ``task_latency``, or ``"at kill"`` when the largest
 is a killed task's).
@@ -149,7 +151,12 @@ def _suggest(
     if basis in ("rss", "uss"):
         notes.append(
             "level-1 peaks are the worker's private RSS (or USS), including its own "
-            "~60-100 MiB")
+            "~60-120 MiB")
+    elif basis == "heap" and peak is not None:
+        notes.append(
+            "the task's heap only (Ray's memory= is the heap's, by its docs): the worker "
+            "process's own ~60-120 MiB is not in it, and Ray's OOM killer counts the whole "
+            "process; add it where nodes run short (a level-1 trace's peaks include it)")
     suggested = change = ratio = per_node = per_node_now = None
     if peak is None:
         notes.insert(0, "no measured task: nothing to suggest from")
