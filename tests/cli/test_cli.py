@@ -406,7 +406,10 @@ def test_a_float_memory_peak_is_a_byte_amount(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("stage", "shown"),
     [
-        ("scan " + "x" * 300, "scan " + "x" * 40 + "..."),  # 48 characters
+        # 48 characters, cut in the middle: names end in what tells them apart.
+        ("scan " + "x" * 300 + " end", "scan " + "x" * 13 + "..." + "x" * 23 + " end"),
+        ("ReadFilesParquetV2->MapBatches(fast_one)->MapBatches(slow_udf)",
+         "ReadFilesParquetV2..._one)->MapBatches(slow_udf)"),
         ("line one\nline two\tand\rmore", "line one\\nline two\\tand\\rmore"),
     ],
 )

@@ -145,8 +145,12 @@ def _cell(text: str, limit: int | None, style: Style) -> str:
     if _CONTROL.search(text):
         text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
     if limit is not None and len(text) > limit:
+        # Cut in the middle: names end in what tells them apart (Ray Data's fused
+        # operators 'Read...->MapBatches(f)->MapBatches(g)', a path's file name).
         more = "…" if style.rich else "..."
-        text = text[: limit - len(more)] + more
+        room = limit - len(more)
+        head = room * 2 // 5
+        text = text[:head] + more + text[len(text) - (room - head):]
     return text
 
 
