@@ -86,6 +86,7 @@ def test_summary_as_plain_text(trace: Path) -> None:
     workers = out.split("\nWorkers: ", 1)[1].split("\n\n", 1)[0].splitlines()
     assert workers[0].startswith("busy share of the run (with Ray: counting Ray's handling"), \
         workers[0]
+    assert workers[0].endswith(" bucket (timeline: ' .:-=+*#' from idle to busy)"), workers[0]
     assert workers[1].split() == ["node", "worker", "busy", "with", "Ray", "timeline"]
     for row in workers[3:]:
         busy, with_ray = (float(v[:-1]) for v in row.split() if v.endswith("%"))

@@ -353,7 +353,9 @@ def _workers(util: pd.DataFrame, style: Style) -> str:
         title += " (with Ray: counting Ray's handling of each task, arguments and outputs)"
         columns.insert(3, Column("with Ray", "with_ray", fmt_share))
     if buckets:
-        title += f", and per {fmt_dur(bucket_ns, style)} bucket"
+        ramp = sparkline([i / 7 for i in range(8)], style)
+        title += (f", and per {fmt_dur(bucket_ns, style)} bucket (timeline: "
+                  f"'{ramp}' from idle to busy)")
     return render_table(
         title, columns, rows, style, empty="(no task executions in this trace)"
     )
