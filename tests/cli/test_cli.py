@@ -709,3 +709,17 @@ def test_console_script(trace: Path) -> None:
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     assert len(data["stages"]) == 2
+
+
+@pytest.mark.parametrize(("ratio", "shown"), [
+    (1.0, "1.00x"), (12.345, "12.35x"), (999.0, "999.00x"), (1000.0, "1.00kx"),
+    (10767.62, "10.8kx"), (1880320.0, "1.88Mx"), (None, "-"),
+])
+def test_ratios_too_big_for_two_decimals_are_said_in_k_and_m(
+    ratio: float | None, shown: str
+) -> None:
+    """A tiny request against a worker's whole RSS (Daft's own 128-byte requests at level
+    1) printed as '1880320.00x' (a fresh user's review)."""
+    from tracer.cli._output import Style, fmt_ratio
+
+    assert fmt_ratio(ratio, Style(rich=False, color=False)) == shown

@@ -124,7 +124,14 @@ def fmt_count(x: Any, style: Style) -> str:
 def fmt_ratio(x: Any, style: Style) -> str:
     if is_missing(x):
         return "-"
-    return f"{float(x):.2f}x"
+    value = float(x)
+    # A tiny request against a worker's whole RSS (Daft's 128 B at level 1) read as
+    # '1880320.00x': three significant digits and a k or M say as much.
+    if value >= 1e6:
+        return f"{_sig(value / 1e6)}Mx"
+    if value >= 1e3:
+        return f"{_sig(value / 1e3)}kx"
+    return f"{value:.2f}x"
 
 
 def fmt_text(x: Any, style: Style) -> str:

@@ -172,7 +172,8 @@ def _render_suggestions(
     footer = style.dim(
         f"per node: how many such tasks fit one node by memory alone (CPUs may allow fewer); "
         f"{where}\nset it in bytes: memory= in Ray's .options() or @ray.remote and in Ray "
-        "Data's map_batches, Stage(memory_bytes=) in tracer's runner"
+        "Data's map_batches, memory_bytes= in Daft's @daft.udf (Daft sets its other "
+        "stages' requests itself), Stage(memory_bytes=) in tracer's runner"
     )
     return render_table(
         title,
