@@ -7,6 +7,7 @@ that both engines agree).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,14 @@ def test_config_rejects_an_unknown_engine() -> None:
 def test_missing_and_bad_files(tmp_path: Path, config: QueryConfig | None) -> None:
     with pytest.raises(TraceReadError, match="no such trace file"):
         TraceQuery(tmp_path / "nope.perfetto-trace", config)
-    with pytest.raises(TraceReadError, match="not a file"):
+    # A folder is read for its newest trace (as the CLI reads it): with none, it says so.
+    with pytest.raises(TraceReadError, match="is a folder with no trace in it"):
         TraceQuery(tmp_path, config)
+    fifo = tmp_path / "pipe.perfetto-trace"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceReadError, match="not a file"):
+        TraceQuery(fifo, config)
+    fifo.unlink()
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
     with pytest.raises(TraceReadError, match="not a Perfetto protobuf trace"):
@@ -233,6 +240,7 @@ def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
         "driver_gc_collections": None, "driver_gc_ns": None, "driver_gc_longest_ns": None,
         # and its run's slice never ended: no error said
         "error_type": None, "error": None, "memory_request_mismatches": None,
+        "memray_per_task": None, "memray_per_task_reason": None,
     }
     assert q.engine == "reader"
     (warning,) = q.warnings()

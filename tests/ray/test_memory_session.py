@@ -156,8 +156,12 @@ def test_both_methods_give_the_same_figures(worker: Any) -> None:
 
     session = [run(False) for _ in range(3)]
     per_task = [run(True) for _ in range(3)]
-    for m in session + per_task:
+    for m in session:
         assert "memray" not in m, m
+    for m in per_task:  # said (the trace and the summary count them), with why
+        assert m["memray"] == memory.MEMRAY_PER_TASK, m
+        assert memory_session.PER_TASK_ENV in m["memray_reason"], m
+    for m in session + per_task:
         assert 24 * MIB <= m["heap_peak"] <= 24 * MIB + SLACK
         assert 8 * MIB <= m["heap_retained"] <= 8 * MIB + SLACK
     # The session's samples are memray's snapshots of the task, like a tracker's of its own.
@@ -203,7 +207,7 @@ def test_a_peak_between_snapshots_is_placed_in_its_gap(worker: Any, per_task: bo
     """The worker's heap counter gets a sample of it there (timeline/memory.py)."""
     for _ in range(3):
         m = _in(worker, _spike, per_task)
-        assert "memray" not in m, m
+        assert m.get("memray") == (memory.MEMRAY_PER_TASK if per_task else None), m
         assert 24 * MIB <= m["heap_peak"] <= 24 * MIB + SLACK
         at = m.get("heap_peak_at_ns")
         samples = m["memory_samples"]
@@ -329,8 +333,8 @@ def test_an_unreadable_capture_falls_back_to_a_tracker_per_task(worker: Any) -> 
     # way was invisible but for its speed.
     assert len([m for m in said if "a memray tracker of its own" in m]) == 1, said
     assert "version 99" in said[0]
-    for m in results:  # measured all the same, by a tracker around each task
-        assert "memray" not in m, m
+    for m in results:  # measured all the same, by a tracker around each task, said so
+        assert m["memray"] == memory.MEMRAY_PER_TASK and "version 99" in m["memray_reason"]
         assert 2 * MIB <= m["heap_peak"] <= 2 * MIB + SLACK
 
 
@@ -370,7 +374,7 @@ def test_an_unknown_memray_release_falls_back_to_a_tracker_per_task(worker: Any)
     assert reason is not None and "memray 1.99.0" in reason
     assert session is None
     for m in results:  # memray's public API around each task: the same figures
-        assert "memray" not in m, m
+        assert m["memray"] == memory.MEMRAY_PER_TASK and "1.99.0" in m["memray_reason"]
         assert 2 * MIB <= m["heap_peak"] <= 2 * MIB + SLACK
     results, reason, session = _in(worker, _with_memray_version, None)  # the real one: live
     assert reason is None and session is not None
@@ -407,7 +411,7 @@ def _with_memray_version(
 def test_the_per_task_switch_stops_the_session(worker: Any) -> None:
     assert "memray" not in _in(worker, _task, 1)
     m = _in(worker, _task_with_method, True)
-    assert "memray" not in m and m["_session"] is None
+    assert m["memray"] == memory.MEMRAY_PER_TASK and m["_session"] is None
     assert m["heap_peak"] >= 24 * MIB
 
 

@@ -747,3 +747,41 @@ def test_the_memory_ray_reserved_is_the_request_where_the_runner_said_otherwise(
     assert_engines_agree(path)
     assert main(["summary", str(path), "--engine", "reader"]) == 0
     assert "3 executions' memory requests are what Ray reserved" in capsys.readouterr().out
+
+
+def test_executions_memray_measured_the_slower_way_are_counted_on_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Level 2 with a memray tracker per task (no C reader built, a memray the reader does
+    not know) warned once in the worker only; the trace and the summary said nothing (a
+    fresh user's review). Each such execution says so, the run counts them with why."""
+    from tracer.ray import memory
+
+    assert memory.MEMRAY_PER_TASK == L.MEMRAY_PER_TASK
+    path = tmp_path / "per-task.perfetto-trace"
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="pt", runner_name="engine", level=TracingLevel.MEMORY,
+                         loop_pid=77, loop_tid=77)
+        for i in range(3):
+            task = tl.task_created(TimelineTask, f"t{i}", 0, ResourceRequest(num_cpus=1),
+                                   T0 + i * MS, stage_name="s")
+            tl.task_dispatched(task, T0 + i * MS + 1)
+            m = _measured(T0 + 5 * MS, "n", 500, 2 * MIB)
+            if i:
+                m.update(memray=L.MEMRAY_PER_TASK, memray_reason="the C reader is not built")
+            tl.execution(m, task)
+            tl.task_ended(task, T0 + 20 * MS, None)
+        tl.stage_done(0)
+        tl.close()
+    model = read_trace(path, strict=True)
+    said = sorted(e.args.get(L.ARG_MEMRAY, "-") for e in model.slices
+                  if e.category == L.CAT_EXECUTION)
+    assert said == ["-", L.MEMRAY_PER_TASK, L.MEMRAY_PER_TASK]
+    for engine in ("reader", "trace_processor"):
+        with TraceQuery(path, QueryConfig(engine=engine)) as q:  # type: ignore[arg-type]
+            info = q.run_info()
+        assert info[L.ARG_MEMRAY_PER_TASK] == 2, info
+        assert info[L.ARG_MEMRAY_PER_TASK_REASON] == "the C reader is not built"
+    assert main(["summary", str(path), "--engine", "reader"]) == 0
+    assert ("2 executions were measured with a memray tracker each, ~20-90 ms more a task "
+            "than one per worker: the C reader is not built") in capsys.readouterr().out

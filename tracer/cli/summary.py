@@ -270,6 +270,12 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
         header += (f"\n{fmt_count(mismatches, style)} executions' memory requests are what "
                    "Ray reserved, not what their task said (kept as "
                    "memory_requested_by_runner)")
+    per_task = info.get(L.ARG_MEMRAY_PER_TASK)
+    if per_task:
+        reason = " ".join(str(info.get(L.ARG_MEMRAY_PER_TASK_REASON) or "").split())
+        header += (f"\n{fmt_count(per_task, style)} executions were measured with a memray "
+                   "tracker each, ~20-90 ms more a task than one per worker"
+                   + (f": {reason}" if reason else ""))
     source = info.get("ray_events_source")
     if source is None and info.get("ray_events_missing") is None:
         return header  # Ray's events were not read (level 0, TRACER_RAY_EVENTS=0)

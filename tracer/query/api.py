@@ -208,7 +208,9 @@ class TraceQuery:
         with an error (the traced block raised, the driver exited with the tracer
         open: ``DriverExitedError``); ``memory_request_mismatches``, the executions
         Ray reserved another memory for than their ``ResourceRequest`` said (their
-        ``memory_requested`` is Ray's). Each None when the trace does not say.
+        ``memory_requested`` is Ray's); ``memray_per_task``, the executions level 2
+        measured with a memray tracker each (the slower way), and
+        ``memray_per_task_reason``, why. Each None when the trace does not say.
 
         Read from the dispatch loop's ``execution`` slice and its ``Ray's
         events read`` instant (the first ones, if the trace holds several).

@@ -286,12 +286,21 @@ ARG_RSS_PEAK = "rss_peak"  # level 2: worker RSS peak (level 1: it is memory_pea
 #: (level 1) memory_peak is the larger of it and the private RSS peak: like RSS
 #: it includes the worker's own baseline, but not the pages it shares.
 ARG_USS_PEAK = "uss_peak"
-#: Level 2, only when memray did not measure the task alone: "unavailable"
-#: (level-1 figures; ARG_MEMRAY_REASON says why) or "shared" (other tasks of
-#: the same worker process ran meanwhile and are in its heap figures, which
-#: are then upper bounds of its own).
+#: Level 2, only when memray did not measure the task alone with the worker's one
+#: tracker: "unavailable" (level-1 figures; ARG_MEMRAY_REASON says why), "shared"
+#: (other tasks of the same worker process ran meanwhile and are in its heap
+#: figures, which are then upper bounds of its own) or "per_task" (MEMRAY_PER_TASK).
 ARG_MEMRAY = "memray"
 ARG_MEMRAY_REASON = "memray_reason"
+#: ARG_MEMRAY of a task measured by a memray tracker of its own, the slower way
+#: (~20-90 ms more a task): the worker's one tracker could not be read (no C
+#: reader built, a memray it does not know; ARG_MEMRAY_REASON says why), or
+#: TRACER_MEMRAY_PER_TASK asked for it. Its figures are as good.
+MEMRAY_PER_TASK = "per_task"
+#: On the run's ``execution`` slice: how many executions were measured that way,
+#: and the first one's reason.
+ARG_MEMRAY_PER_TASK = "memray_per_task"
+ARG_MEMRAY_PER_TASK_REASON = "memray_per_task_reason"
 #: On a task killed by Ray's OOM killer: the worker's memory use Ray reported. When
 #: Ray killed several workers at once (ARG_OOM_KILLED_WORKERS) its report does not say
 #: which ran the task: the least of theirs, a lower bound of the task's worker's.

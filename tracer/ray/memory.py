@@ -91,6 +91,7 @@ from typing import Any
 
 __all__ = [
     "MAX_SAMPLES",
+    "MEMRAY_PER_TASK",
     "MEMRAY_SHARED",
     "MEMRAY_UNAVAILABLE",
     "downsample",
@@ -106,6 +107,9 @@ SNAPSHOT_INTERVAL_MS = 10
 MEMRAY_UNAVAILABLE = "unavailable"
 #: ``memray`` status of a task whose figures include concurrent tasks' allocations.
 MEMRAY_SHARED = "shared"
+#: ``memray`` status of a task measured by a tracker of its own in a Ray worker (the
+#: slower way: see tracer.ray.layout.MEMRAY_PER_TASK).
+MEMRAY_PER_TASK = "per_task"  # tracer.ray.layout's (this module imports none of tracer)
 
 Sample = tuple[int, int, int]  # (time_ms, heap_bytes, rss_bytes)
 _NS_PER_MS = 1_000_000
@@ -380,11 +384,16 @@ def _begin(
                 began = memory_session.begin(native_traces)
                 if not isinstance(began, str):
                     return lambda: memory_session.end(began, metrics, all_allocations)
-                if memory_session.disabled_reason() is None:  # this task's failure
+                reason = memory_session.disabled_reason()
+                if reason is None:  # this task's failure
                     _unavailable(metrics, began)
                     _tracker_lock.release()
                     return None
                 # The reader refused this memray: a tracker per task from now on.
+                _say_per_task(reason)
+            per_task: str | None = reason
+        else:
+            per_task = None  # outside Ray (a test, a local run): the only way there is
         capture = _start(metrics, native_traces, all_allocations)
     except BaseException:
         _tracker_lock.release()
@@ -392,6 +401,9 @@ def _begin(
     if capture is None:
         _tracker_lock.release()
         return None
+    if per_task is not None:  # said on the execution and counted on the run (the layout)
+        metrics["memray"] = MEMRAY_PER_TASK
+        metrics["memray_reason"] = per_task
     return lambda: _stop(capture, metrics, all_allocations)
 
 

@@ -207,6 +207,9 @@ class RunTimeline:
         self.lost_measurements = 0
         #: Executions Ray reserved another memory for than their task's request said.
         self.request_mismatches = 0
+        #: Executions memray measured with a tracker of their own, and the first's reason.
+        self.memray_per_task = 0
+        self.memray_per_task_reason: str | None = None
         #: Log the first such execution: a runner that says one request and gives Ray
         #: another has a bug to fix. An engine that sets a task's memory= itself, past
         #: what the producer sees (Ray Data's per-task estimate), says False.
@@ -624,6 +627,10 @@ class RunTimeline:
         args, peak, over = self.memory.execution(m, requested, node, worker, start, end)
         if extra:
             args.update(extra)
+        if m.get("memray") == L.MEMRAY_PER_TASK:
+            self.memray_per_task += 1
+            if self.memray_per_task_reason is None:
+                self.memray_per_task_reason = str(m.get("memray_reason") or "")[:200]
         if stage is not None and peak is not None:
             stage.peaks.append(peak)
             stage.over_request += over
@@ -824,6 +831,9 @@ class RunTimeline:
         end_args: dict[str, Any] = {L.ARG_LOST_MEASUREMENTS: self.lost_measurements}
         if self.request_mismatches:
             end_args[L.ARG_MEMORY_REQUEST_MISMATCHES] = self.request_mismatches
+        if self.memray_per_task:
+            end_args[L.ARG_MEMRAY_PER_TASK] = self.memray_per_task
+            end_args[L.ARG_MEMRAY_PER_TASK_REASON] = self.memray_per_task_reason or ""
         end_args.update(self._driver_gc_args())
         self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
 
