@@ -139,7 +139,10 @@ def split(model: TraceModel) -> RunnerTrace:
     assert all(t.sibling_order_rank == (t.name != L.TASK_LANE) for t in under_tasks)
     assert (stages_root.kind, stages_root.name) == ("track", L.STAGES_TRACK)
     assert stages_root.child_ordering == "explicit"
-    stage_tracks = model.children(stages_root.uuid)
+    # In the UI's order (their ranks: the stages' ids), not the order they were declared in
+    # (an actor pool's stage is declared as its actors start, before its first task).
+    stage_tracks = sorted(model.children(stages_root.uuid),
+                          key=lambda t: t.sibling_order_rank or 0)
 
     assert all((t.name or "").startswith(L.NODE_PROCESS_PREFIX + " ") for t in nodes), nodes
     assert all(t.kind == "track" and t.child_ordering == "explicit" for t in nodes), nodes

@@ -43,6 +43,14 @@ TASK_LANE = "tasks"
 RAY_STATES_TRACK = "Ray states"
 RAY_STATES_PREFIX = "ray states "
 STAGES_TRACK = "Stages"
+#: Under a stage's track, for an engine whose stage runs on a pool of actors it starts
+#: (Ray Data's actor pools): each actor from its creation until the engine saw it ready
+#: (its ``__init__`` done: a model loaded), a slice ``SLICE_ACTOR_STARTING`` (category
+#: stage, args stage_id, stage, actor_id; on its END node_id where it started, status
+#: when it never became ready), on lanes of this one name (the UI merges them) so that
+#: actors starting together never break nesting. Declared at the stage's first actor.
+ACTOR_START_TRACK = "actors starting"
+SLICE_ACTOR_STARTING = "actor starting"
 #: "Node <index> (<first 8 characters of the Ray node id>)", under the run's root.
 NODE_PROCESS_PREFIX = "Node"
 #: "worker <pid>", under its node: the worker process's real pid.
@@ -158,6 +166,9 @@ STATUS_CANCELLED = "cancelled"
 STATUS_UNFINISHED = "unfinished"
 #: Created again under the same id (the runner retried it itself).
 STATUS_SUPERSEDED = "superseded"
+#: On an ``actor starting`` slice: the engine removed the actor before it was ready
+#: (its pool scaled down, or the execution ended).
+STATUS_RELEASED = "released"
 
 # Annotation names.
 #: The wave's number, on the BEGIN of its slice.
@@ -193,6 +204,11 @@ ARG_RAY_ATTEMPT = "ray_attempt"
 #: launch, so that the stage's arrow can reach it (trace_processor draws no arrow
 #: that ends before it starts).
 ARG_STARTED_BEFORE_LAUNCH = "started_before_launch_ns"
+#: On an ``actor starting`` slice: Ray's actor id (hex).
+ARG_ACTOR_ID = "actor_id"
+#: On a slice drawn from the run's start though it began before (an actor its engine
+#: created as its operator started, before the run's trace was opened): by how many ns.
+ARG_BEGAN_BEFORE_RUN = "began_before_run_ns"
 #: On a task slice (END) that Ray retried: how many attempts Ray made, as far
 #: as the driver knows (the last attempt's number + 1), and how many of those
 #: left no measurement (a crashed or killed worker, a lost node; an attempt

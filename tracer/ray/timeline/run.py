@@ -65,7 +65,9 @@ from tracer.ray.timeline.nodes import Nodes
 from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
 from tracer.ray.timeline.stages import Stage, Stages
 
-__all__ = ["CANCEL_ERRORS", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask"]
+__all__ = [
+    "CANCEL_ERRORS", "ActorStart", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask",
+]
 
 #: Measurements of one execution, as a worker reports them (see
 #: :mod:`tracer.ray.task_metrics`): ``start_ns``, ``end_ns``, ``node_id``,
@@ -130,6 +132,18 @@ class TimelineTask:
         self.ray_states_drawn = False
         self.released = False
         self.attempt = 0
+
+
+class ActorStart:
+    """One actor of a stage's pool while it starts (:meth:`RunTimeline.actor_starting`)."""
+
+    __slots__ = ("ended", "lane", "stage_id", "ts")
+
+    def __init__(self, stage_id: Any, lane: Track, ts: int) -> None:
+        self.stage_id = stage_id
+        self.lane = lane
+        self.ts = ts
+        self.ended = False
 
 
 class RunTimeline:
@@ -237,9 +251,14 @@ class RunTimeline:
         self._dispatched_any = False  # (before, the runner may not have counted yet)
         self._producer_counts_in_flight = False
 
+        #: When the run's slice began: nothing of the run is drawn before it.
+        self.start_ts = w.now()
+        # Each stage's free 'actors starting' lanes, with when their last slice ended.
+        self._actor_lanes: dict[Any, list[tuple[Track, int]]] = {}
         w.begin(
             self.loop,
             L.SLICE_EXECUTION,
+            self.start_ts,
             category=L.CAT_SCHEDULER,
             args={"execution_id": execution_id, "runner": runner_name, "tracing_level": int(level),
                   "pid": pid, "tid": tid},
@@ -776,6 +795,50 @@ class RunTimeline:
         stage = self.stages.get(task.stage_id)
         if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
             self.stages.write(stage)
+
+    # ------------------------------------------------------------ actor pools
+
+    def actor_starting(
+        self, stage_id: Any, stage_name: str | None, ts: int, args: dict[str, Any] | None = None
+    ) -> ActorStart:
+        """The engine created an actor of the stage's pool at ``ts``: its ``actor starting``
+        slice begins on one of the stage's ``actors starting`` lanes (under the stage's
+        track, declared now if its first task is still to come); :meth:`actor_started`
+        ends it. An actor created before the run began (as its operator started) is drawn
+        from the run's start, ``began_before_run_ns`` saying by how much. ``args``: more
+        annotations (``actor_id``)."""
+        begin: dict[str, Any] = {
+            L.ARG_STAGE_ID: stage_id, L.ARG_STAGE: stage_name or f"stage {stage_id}",
+        }
+        if args:
+            begin.update(args)
+        if ts < self.start_ts:
+            begin[L.ARG_BEGAN_BEFORE_RUN] = self.start_ts - ts
+            ts = self.start_ts
+        free = self._actor_lanes.setdefault(stage_id, [])
+        lane = None
+        for i, (_track, released) in enumerate(free):
+            if released < ts:  # a lane is reused only after its last slice ended
+                lane = free.pop(i)[0]
+                break
+        if lane is None:
+            lane = self.writer.track(
+                L.ACTOR_START_TRACK, parent=self.stages.track(stage_id, stage_name), rank=0
+            )
+        self.writer.begin(lane, L.SLICE_ACTOR_STARTING, ts, category=L.CAT_STAGE, args=begin)
+        return ActorStart(stage_id, lane, ts)
+
+    def actor_started(
+        self, start: ActorStart, ts: int, args: dict[str, Any] | None = None
+    ) -> None:
+        """The actor ``start`` is ready at ``ts`` (or, with ``args``' ``status``, never will
+        be: failed, released, unfinished): its slice ends (once)."""
+        if start.ended:
+            return
+        start.ended = True
+        ts = max(ts, start.ts)
+        self.writer.end(start.lane, ts, args=args)
+        self._actor_lanes.setdefault(start.stage_id, []).append((start.lane, ts))
 
     # ------------------------------------------------------------ stages, end
 
