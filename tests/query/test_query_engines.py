@@ -65,7 +65,8 @@ def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.Fixtur
         from_sql = to_frame(sqlite_tp.analysis(db, name, BUCKETS), name)
         _same(from_sql, _analysis(q, name), name)
         if trace != "truncated_trace" or name != "memory_flagged":
-            assert len(from_sql) > 0 or name == "memory_flagged", name
+            # (no run of theirs started actors)
+            assert len(from_sql) > 0 or name in ("memory_flagged", "actor_starts"), name
 
 
 def test_sqlite_check_can_fail(synthetic: Path) -> None:

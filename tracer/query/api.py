@@ -323,6 +323,11 @@ class TraceQuery:
             sql,
         )
 
+    def actor_starts(self) -> pd.DataFrame:
+        """Per stage whose engine started actors for it (Ray Data's actor pools): actors
+        created, those seen ready, and how long they took to start (p50, max; ns)."""
+        return self._analysis("actor_starts", lambda: analyses.actor_starts(self._reader_rows()))
+
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
         return self._analysis(

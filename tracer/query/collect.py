@@ -120,6 +120,8 @@ class TraceRows(TraceVisitor):
     def __init__(self) -> None:
         self.tasks: list[TaskRow] = []
         self.executions: list[ExecutionRow] = []
+        #: 'actor starting' slices (an engine's actor pools): (stage_id, stage, status, dur).
+        self.actor_starts: list[tuple[Any, Any, Any, int | None]] = []
         # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
         self._children: dict[int, list[int]] = {}
         self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
@@ -191,6 +193,13 @@ class TraceRows(TraceVisitor):
         elif category == L.CAT_EXECUTION:
             if s.name is not None and s.name != L.INSTANT_TASK_FAILED and dur is not None:
                 self._execution(s)
+        elif category == L.CAT_STAGE:
+            if s.name == L.SLICE_ACTOR_STARTING:
+                args = s.args
+                self.actor_starts.append((
+                    arg(args, L.ARG_STAGE_ID), arg(args, L.ARG_STAGE), arg(args, L.ARG_STATUS),
+                    dur,
+                ))
         elif category == L.CAT_SCHEDULER and s.name not in _LOOP_NAMES:
             self._ray(s)
         elif category == L.CAT_SCHEDULER:

@@ -17,6 +17,7 @@ from tracer.query.analyses import GAPS_BETWEEN_WAVES, GAPS_IN_WAVES, LATENCY_COL
 from tracer.query.collect import PHASES, TraceRows, rows_from_model
 
 __all__ = [
+    "actor_starts",
     "GAPS_BETWEEN_WAVES",
     "GAPS_IN_WAVES",
     "PHASES",
@@ -82,6 +83,10 @@ def dispatch_loop(model: TraceModel) -> list[Row]:
 def worker_utilisation(model: TraceModel, buckets: int = 20) -> list[Row]:
     """``worker_utilisation.sql`` with ``buckets`` buckets."""
     return analyses.worker_utilisation(_rows(model), buckets)
+
+
+def actor_starts(model: TraceModel) -> list[Row]:
+    return analyses.actor_starts(_rows(model))
 
 
 def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:

@@ -33,6 +33,7 @@ ANALYSES = (
     "memory_by_stage",
     "memory_by_node",
     "memory_flagged",
+    "actor_starts",
 )
 
 _BUCKETS = re.compile(r"SELECT \d+ AS buckets")
