@@ -51,6 +51,7 @@ from typing import Any
 from tracer.format import TraceWriter
 from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data import all_to_all
+from tracer.integrations.ray_data.actors import ActorPoolWatch
 from tracer.integrations.ray_data.channel import (
     CLOSE_GRACE_S,
     START_GRACE_S,
@@ -128,6 +129,7 @@ class ExecutionTracer:
         self._early: dict[tuple[int, int], list[Metrics]] = {}  # before their task's submission
         self._hooked: list[tuple[Any, str]] = []
         self._bulk_released: list[Callable[[], None]] = []  # all-to-all operators' hooks
+        self._pools: list[ActorPoolWatch] = []  # actor-pool operators' actors starting
         # Executions ready to write, by start: (start_ns, order, measurements, task).
         self._ready: list[tuple[int, int, Metrics, DataTask]] = []
         self._order = 0
@@ -220,6 +222,9 @@ class ExecutionTracer:
         release = all_to_all.hook_operator(op, stage, self)
         if release is not None:
             self._bulk_released.append(release)
+        pool = ActorPoolWatch.watch(stage, self._timeline, self.writer, self._guard)
+        if pool is not None:
+            self._pools.append(pool)
         metrics = compat.op_metrics(op)
         if metrics is None:
             return
@@ -241,6 +246,8 @@ class ExecutionTracer:
             with contextlib.suppress(Exception):
                 release()
         self._bulk_released = []
+        for pool in self._pools:
+            pool.release()
         for stage in self._stages.values():
             if stage.token is not None:
                 self._channel.unregister(stage.token)
@@ -457,6 +464,8 @@ class ExecutionTracer:
         })
         self._step += 1
         self._step_dispatched = self._step_finished = 0
+        for pool in self._pools:
+            pool.check()
         self._sample_resources()
         self._take_arrived()
         now = self.writer.now()
@@ -574,6 +583,8 @@ class ExecutionTracer:
             elif task.expects_measurements:
                 tl.lost(task.task_id, why)
         self._tasks.clear()
+        for pool in self._pools:
+            pool.close(now)
         self._early.clear()  # measurements of attempts whose task was written already
         self._write_ready(None)
         for stage in self._stages.values():
