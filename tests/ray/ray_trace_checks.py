@@ -124,9 +124,12 @@ def split(model: TraceModel) -> RunnerTrace:
     assert order[:2] == [L.DISPATCH_LOOP_THREAD, L.COUNTER_INFLIGHT], order
     assert order[len(order) - len(tail):] == tail, order
     per_stage = order[2:len(order) - len(tail)]
-    stage_of = re.compile(re.escape(L.COUNTER_STAGE_INFLIGHT).replace(r"\{stage\}", r"(\d+): .*"))
-    ids = [int(m.group(1)) for m in map(stage_of.fullmatch, per_stage) if m]
-    assert len(ids) == len(per_stage) and ids == sorted(ids), order
+    # Stage by stage: its tasks in flight, then (Ray Data) its queued blocks and backpressure.
+    kinds = (L.COUNTER_STAGE_INFLIGHT, L.COUNTER_STAGE_QUEUED, L.COUNTER_STAGE_BACKPRESSURED)
+    stage_of = [re.compile(re.escape(k).replace(r"\{stage\}", r"(\d+): .*")) for k in kinds]
+    keys = [next(((int(m.group(1)), i) for i, p in enumerate(stage_of)
+                  if (m := p.fullmatch(name))), None) for name in per_stage]
+    assert None not in keys and keys == sorted(keys), order  # type: ignore[type-var]
 
     assert (tasks_root.kind, tasks_root.name) == ("track", L.TASKS_TRACK)
     # The tasks' lanes, then (where Ray's events were read) the lanes of their Ray states:

@@ -31,6 +31,7 @@ class Stage:
 
     __slots__ = (
         "done",
+        "end_args",
         "first_ts",
         "last_ts",
         "name",
@@ -61,6 +62,8 @@ class Stage:
         self.written = False
         #: The producer said no more tasks will come (its summary may wait for executions).
         self.done = False
+        #: More annotations of its END, the producer's own (:meth:`RunTimeline.stage_figures`).
+        self.end_args: dict[str, Any] = {}
 
 
 class Stages:
@@ -129,6 +132,7 @@ class Stages:
         if stage.peaks:
             args[L.ARG_MEMORY_PEAK] = summary(stage.peaks)
             args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
+        args.update(stage.end_args)
         self.writer.end(stage.track, max(stage.last_ts, stage.first_ts), args=args)
 
     def write_all(self) -> None:
