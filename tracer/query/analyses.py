@@ -328,6 +328,23 @@ def actor_starts(rows: TraceRows) -> list[Row]:
     return out
 
 
+def stage_queues(rows: TraceRows) -> list[Row]:
+    """``stage_queues.sql``."""
+    out: list[Row] = []
+    groups = _group(rows.stage_queues, lambda r: r[0])
+    for stage_id, figures in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+        held = [r[3] for r in figures if r[3] is not None]
+        out.append(
+            {
+                "stage_id": stage_id,
+                "stage": _min(r[1] for r in figures),
+                "queued_blocks_max": _max(r[2] for r in figures),
+                "backpressured_ns": sum(held) if held else None,
+            }
+        )
+    return out
+
+
 def latency_by_stage(latency: Latency) -> list[Row]:
     """``latency_by_stage.sql``."""
     out: list[Row] = []

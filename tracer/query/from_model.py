@@ -28,6 +28,7 @@ __all__ = [
     "memory_flagged",
     "nearest_rank",
     "run_info",
+    "stage_queues",
     "stage_summary",
     "task_latency",
     "task_latency_rows",
@@ -87,6 +88,10 @@ def worker_utilisation(model: TraceModel, buckets: int = 20) -> list[Row]:
 
 def actor_starts(model: TraceModel) -> list[Row]:
     return analyses.actor_starts(_rows(model))
+
+
+def stage_queues(model: TraceModel) -> list[Row]:
+    return analyses.stage_queues(_rows(model))
 
 
 def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:

@@ -34,6 +34,7 @@ ANALYSES = (
     "memory_by_node",
     "memory_flagged",
     "actor_starts",
+    "stage_queues",
 )
 
 _BUCKETS = re.compile(r"SELECT \d+ AS buckets")
