@@ -65,6 +65,14 @@ unless said otherwise):
    2.60's sources and tested there; a pool without them (:func:`actor_pool`
    says None) has its actors' start not drawn.
 
+8. **Queues and backpressure** (sampled at the scheduling steps):
+   ``OpState.total_enqueued_input_blocks()`` (the executor's ``_topology``
+   maps each operator to its state: what Ray Data's progress calls "Queued
+   blocks") and the operator's ``_in_task_submission_backpressure`` /
+   ``_in_task_output_backpressure`` with their ``_task_*_backpressure_policy``
+   names: read in 2.60's sources and tested there; where missing, not drawn
+   (:func:`queued_blocks`, :func:`backpressure` say None).
+
 Everything else used (the executor's ``_topology``, ``_resource_manager``,
 ``_dataset_id``, ``_data_context``; ``op.metrics``, ``op.name``,
 ``op._ray_remote_args``; ``RefBundle.metadata``/``num_rows``/
@@ -618,3 +626,33 @@ def actor_node(pool: Any, actor: Any) -> str | None:
     except Exception:
         return None
     return str(location) if location else None
+
+
+# ------------------------------------------------------------ queues, backpressure (8)
+
+
+def op_states(executor: Any) -> dict[Any, Any] | None:
+    """The executor's operator -> ``OpState`` (its topology), or None."""
+    topology = getattr(executor, "_topology", None)
+    return topology if isinstance(topology, dict) else None
+
+
+def queued_blocks(state: Any) -> int | None:
+    """Blocks queued at an operator's input (its ``OpState``'s), or None where not known."""
+    count = getattr(state, "total_enqueued_input_blocks", None)
+    if not callable(count):
+        return None
+    return int(count())
+
+
+def backpressure(op: Any) -> tuple[str | None, str | None] | None:
+    """The policies holding back the operator's task submissions and its outputs (each
+    None where not held back; "" where Ray Data names none), or None where not known."""
+    tasks = getattr(op, "_in_task_submission_backpressure", None)
+    outputs = getattr(op, "_in_task_output_backpressure", None)
+    if tasks is None and outputs is None:
+        return None
+    return (
+        str(getattr(op, "_task_submission_backpressure_policy", None) or "") if tasks else None,
+        str(getattr(op, "_task_output_backpressure_policy", None) or "") if outputs else None,
+    )

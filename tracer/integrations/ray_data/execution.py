@@ -466,7 +466,11 @@ class ExecutionTracer:
         self._step_dispatched = self._step_finished = 0
         for pool in self._pools:
             pool.check()
-        self._sample_resources()
+        now = self.writer.now()
+        if now - self._last_sample >= _SAMPLE_INTERVAL_NS:
+            self._last_sample = now
+            self._sample_queues()
+            self._sample_resources()
         self._take_arrived()
         now = self.writer.now()
         if now - self._last_settle >= _SETTLE_INTERVAL_NS:
@@ -476,11 +480,49 @@ class ExecutionTracer:
             tl.settle(watermark)
         tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._step})
 
-    def _sample_resources(self) -> None:
-        now = self.writer.now()
-        if now - self._last_sample < _SAMPLE_INTERVAL_NS:
+    def _sample_queues(self) -> None:
+        """Each stage's queued input blocks and whether Ray Data holds it back (what its
+        progress says: "Queued blocks: 168", "[backpressured:tasks(...)]"); a mark on the
+        loop at each reason not seen before for the stage."""
+        states = compat.op_states(self._executor)
+        if states is None:
             return
-        self._last_sample = now
+        tl = self._timeline
+        now = self.writer.now()
+        for stage in self._stages.values():
+            state = states.get(stage.op)
+            queued = compat.queued_blocks(state) if state is not None else None
+            if queued is not None and (queued or stage.queue_drawn):
+                stage.queue_drawn = True
+                stage.queued_max = max(stage.queued_max, queued)
+                tl.count_stage_queued(stage.stage_id, queued, stage.name)
+            held = compat.backpressure(stage.op)
+            if held is None:
+                continue
+            on = held != (None, None)
+            if on or stage.backpressure_drawn:
+                stage.backpressure_drawn = True
+                tl.count_stage_backpressured(stage.stage_id, on, stage.name)
+                self._held_back(stage, on, now)
+            if on and held not in stage.backpressure_reasons:
+                stage.backpressure_reasons.add(held)
+                args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, L.ARG_STAGE: stage.name}
+                if held[0] is not None:
+                    args[L.ARG_BACKPRESSURE_TASKS] = held[0]
+                if held[1] is not None:
+                    args[L.ARG_BACKPRESSURE_OUTPUTS] = held[1]
+                tl.loop_instant(L.INSTANT_BACKPRESSURED, args)
+
+    @staticmethod
+    def _held_back(stage: Stage, on: bool, now: int) -> None:
+        """The stage's time held back, as its counter draws it (from sample to sample)."""
+        if on and stage.backpressured_since is None:
+            stage.backpressured_since = now
+        elif not on and stage.backpressured_since is not None:
+            stage.backpressured_ns += now - stage.backpressured_since
+            stage.backpressured_since = None
+
+    def _sample_resources(self) -> None:
         figures = compat.resources(self._executor)
         if figures is None:
             return
@@ -590,6 +632,18 @@ class ExecutionTracer:
         for stage in self._stages.values():
             if stage.inflight:
                 tl.count_stage_inflight(stage.stage_id, 0)
+            # The execution is over: nothing queued, nothing held back (equal samples are
+            # not written).
+            figures: dict[str, Any] = {}
+            if stage.queue_drawn:
+                tl.count_stage_queued(stage.stage_id, 0)
+                figures[L.ARG_QUEUED_BLOCKS_MAX] = stage.queued_max
+            if stage.backpressure_drawn:
+                tl.count_stage_backpressured(stage.stage_id, False)
+                self._held_back(stage, False, now)
+                figures[L.ARG_BACKPRESSURED_NS] = stage.backpressured_ns
+            if figures:
+                tl.stage_figures(stage.stage_id, figures)
         if self._inflight:
             tl.count_inflight(0)
         tl.finish()
