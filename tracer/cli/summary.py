@@ -294,7 +294,8 @@ def _stage_queues(queues: pd.DataFrame, span: int, style: Style) -> str:
         rows.append({**row, "share": held / span if span and held is not None else None})
     return render_table(
         "Queues (the engine's, sampled at its scheduling steps): the most blocks queued "
-        "at the stage's input at once, and the time it held the stage back (backpressure); "
+        "at the stage's input at once, and the time it held the stage back (backpressure) "
+        "with blocks queued; "
         "a block waits there before its task is created, outside the tasks' latency",
         [
             Column("id", "stage_id", fmt_count),

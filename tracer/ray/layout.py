@@ -340,7 +340,8 @@ ARG_OOM_KILLED_WORKERS = "oom_killed_workers"
 ARG_OOM_TOP_MEMORY_USERS = "oom_top_memory_users"
 #: On stage slices (END), where the engine queues its stages' inputs (Ray Data): the most
 #: blocks queued at the stage's input at once, and how long the engine held the stage
-#: back in all (its COUNTER_STAGE_BACKPRESSURED at 1), as sampled at its scheduling steps.
+#: back in all while blocks were queued there (its COUNTER_STAGE_BACKPRESSURED at 1, with
+#: nothing queued, is a stage idle rather than delayed), sampled at its scheduling steps.
 ARG_QUEUED_BLOCKS_MAX = "queued_blocks_max"
 ARG_BACKPRESSURED_NS = "backpressured_ns"
 #: On stage slices, with memory_requested / memory_peak as {min, p50, max}.

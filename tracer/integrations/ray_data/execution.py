@@ -9,7 +9,10 @@ the runner's layout:
   ``wave`` slice per step (from one ``on_execution_step`` to the next, with
   the tasks it submitted and saw finish), the tasks in flight (all, and per
   operator), the object-store memory Ray Data's blocks hold and what its
-  resource manager has left;
+  resource manager has left, each operator's queued input blocks and
+  backpressure (:meth:`ExecutionTracer._sample_queues`);
+* **actors starting**: each actor an actor-pool operator starts, from its
+  creation until Ray Data saw it ready (:mod:`.actors`);
 * **tasks**: each operator's data task from submitted to finished (Ray Data
   decides and submits in one call, so there is no waiting before
   ``dispatched``), with Ray's task id, the operator's request (its ray
@@ -503,7 +506,9 @@ class ExecutionTracer:
             if on or stage.backpressure_drawn:
                 stage.backpressure_drawn = True
                 tl.count_stage_backpressured(stage.stage_id, on, stage.name)
-                self._held_back(stage, on, now)
+                # Counted while blocks wait for it (Ray Data holds an operator back with
+                # nothing queued too: an idle stage, not a delayed one).
+                self._held_back(stage, on and queued != 0, now)
             if on and held not in stage.backpressure_reasons:
                 stage.backpressure_reasons.add(held)
                 args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, L.ARG_STAGE: stage.name}
@@ -515,7 +520,7 @@ class ExecutionTracer:
 
     @staticmethod
     def _held_back(stage: Stage, on: bool, now: int) -> None:
-        """The stage's time held back, as its counter draws it (from sample to sample)."""
+        """The stage's time held back with blocks queued, from sample to sample."""
         if on and stage.backpressured_since is None:
             stage.backpressured_since = now
         elif not on and stage.backpressured_since is not None:

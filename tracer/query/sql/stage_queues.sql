@@ -2,7 +2,8 @@
 -- (Ray Data), from the stage slices' END args, as sampled at its scheduling steps.
 --   queued_blocks_max    the most blocks queued at the stage's input at once
 --   backpressured_ns     how long the engine held the stage back in all (backpressure:
---                        its task submissions or its outputs)
+--                        its task submissions or its outputs) while blocks were queued
+--                        at its input
 WITH figures AS (
   SELECT
     EXTRACT_ARG(arg_set_id, 'debug.stage_id') AS stage_id,
