@@ -53,6 +53,9 @@ def test_every_analysis_ships_as_a_sql_file() -> None:
     assert "debug.task_id" in sql_text(TABLES)
 
 
+NONE_HERE = ("memory_flagged", "actor_starts", "stage_queues")
+
+
 @pytest.mark.parametrize("trace", TRACES)
 def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(trace)
@@ -65,7 +68,8 @@ def test_sql_in_sqlite_agrees_with_the_reader(trace: str, request: pytest.Fixtur
         from_sql = to_frame(sqlite_tp.analysis(db, name, BUCKETS), name)
         _same(from_sql, _analysis(q, name), name)
         if trace != "truncated_trace" or name != "memory_flagged":
-            assert len(from_sql) > 0 or name == "memory_flagged", name
+            # (no run of theirs started actors or queued blocks: Ray Data's alone)
+            assert len(from_sql) > 0 or name in NONE_HERE, name
 
 
 def test_sqlite_check_can_fail(synthetic: Path) -> None:

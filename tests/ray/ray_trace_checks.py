@@ -124,9 +124,12 @@ def split(model: TraceModel) -> RunnerTrace:
     assert order[:2] == [L.DISPATCH_LOOP_THREAD, L.COUNTER_INFLIGHT], order
     assert order[len(order) - len(tail):] == tail, order
     per_stage = order[2:len(order) - len(tail)]
-    stage_of = re.compile(re.escape(L.COUNTER_STAGE_INFLIGHT).replace(r"\{stage\}", r"(\d+): .*"))
-    ids = [int(m.group(1)) for m in map(stage_of.fullmatch, per_stage) if m]
-    assert len(ids) == len(per_stage) and ids == sorted(ids), order
+    # Stage by stage: its tasks in flight, then (Ray Data) its queued blocks and backpressure.
+    kinds = (L.COUNTER_STAGE_INFLIGHT, L.COUNTER_STAGE_QUEUED, L.COUNTER_STAGE_BACKPRESSURED)
+    stage_of = [re.compile(re.escape(k).replace(r"\{stage\}", r"(\d+): .*")) for k in kinds]
+    keys = [next(((int(m.group(1)), i) for i, p in enumerate(stage_of)
+                  if (m := p.fullmatch(name))), None) for name in per_stage]
+    assert None not in keys and keys == sorted(keys), order  # type: ignore[type-var]
 
     assert (tasks_root.kind, tasks_root.name) == ("track", L.TASKS_TRACK)
     # The tasks' lanes, then (where Ray's events were read) the lanes of their Ray states:
@@ -139,7 +142,10 @@ def split(model: TraceModel) -> RunnerTrace:
     assert all(t.sibling_order_rank == (t.name != L.TASK_LANE) for t in under_tasks)
     assert (stages_root.kind, stages_root.name) == ("track", L.STAGES_TRACK)
     assert stages_root.child_ordering == "explicit"
-    stage_tracks = model.children(stages_root.uuid)
+    # In the UI's order (their ranks: the stages' ids), not the order they were declared in
+    # (an actor pool's stage is declared as its actors start, before its first task).
+    stage_tracks = sorted(model.children(stages_root.uuid),
+                          key=lambda t: t.sibling_order_rank or 0)
 
     assert all((t.name or "").startswith(L.NODE_PROCESS_PREFIX + " ") for t in nodes), nodes
     assert all(t.kind == "track" and t.child_ordering == "explicit" for t in nodes), nodes

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     with open_query(args) as q:
         info = q.run_info()
         stages = q.stage_summary()
+        actors = q.actor_starts()
+        queues = q.stage_queues()
         latency = q.latency_by_stage()
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
                 "engine": engine,
                 "run": info,
                 "stages": records(stages),
+                "actor_starts": records(actors),
+                "stage_queues": records(queues),
                 "latency_by_stage": records(latency),
                 "dispatch_loop": records(loop),
                 "worker_utilisation": records(util),
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     style = Style.for_stream(sys.stdout)
     print(render(args.trace, engine, info, stages, latency, loop, util, style, killed,
-                 largest, [(str(s), int(n)) for s, n in unfinished.items()]))
+                 largest, [(str(s), int(n)) for s, n in unfinished.items()], actors, queues))
     return 0
 
 
@@ -155,11 +159,15 @@ def render(
     oom_killed: list[tuple[str, int]] | None = None,
     largest_at_kill: dict[str, Any] | None = None,
     unfinished: list[tuple[str, int]] | None = None,
+    actors: pd.DataFrame | None = None,
+    queues: pd.DataFrame | None = None,
 ) -> str:
     """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage;
     ``largest_at_kill``: the Ray worker using the most memory at a kill (a row of
     :meth:`~tracer.query.TraceQuery.oom_reports`); ``unfinished``: tasks still in
-    flight when the trace ended, by stage."""
+    flight when the trace ended, by stage; ``actors``: the stages' actors starting
+    (:meth:`~tracer.query.TraceQuery.actor_starts`); ``queues``: the stages' queued
+    blocks and backpressure (:meth:`~tracer.query.TraceQuery.stage_queues`)."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -198,6 +206,12 @@ def render(
                 f"{fmt_name(str(largest_at_kill['command']), style)} (pid "
                 f"{largest_at_kill['pid']}, {fmt_bytes(largest_at_kill['memory_bytes'], style)})"
             )
+    loop_rows = records(loop)
+    span = sum(r["total_ns"] or 0 for r in loop_rows)
+    if actors is not None and not actors.empty:
+        parts.append(_actor_starts(actors, span, style))
+    if queues is not None and not queues.empty:
+        parts.append(_stage_queues(queues, span, style))
     lat_rows = []
     for row in records(latency):
         out = {"stage_id": row["stage_id"], "stage": row["stage"], "tasks": row["tasks"]}
@@ -226,8 +240,6 @@ def render(
         )
     )
     parts.extend(_ray_parts(latency, style))
-    loop_rows = records(loop)
-    span = sum(r["total_ns"] or 0 for r in loop_rows)
     parts.append(
         render_table(
             f"Dispatch loop ({fmt_dur(span, style)}; batching excludes the plan polling in it)",
@@ -247,6 +259,54 @@ def render(
         parts[-1] += "\n" + gc_line
     parts.append(_workers(util, style))
     return "\n\n".join(parts)
+
+
+def _actor_starts(actors: pd.DataFrame, span: int, style: Style) -> str:
+    """How long each stage's actors took to start (Ray Data's actor pools): a stage runs
+    no task before its first actor is ready, and the loop's waves are empty meanwhile."""
+    rows = []
+    for row in records(actors):
+        longest = row["start_max_ns"]
+        rows.append({**row, "share": longest / span if span and longest is not None else None})
+    return render_table(
+        "Actors starting: from each actor's creation until it was ready (its __init__ "
+        "done); the stage runs no task before its first one is ready",
+        [
+            Column("id", "stage_id", fmt_count),
+            name_column("stage", "stage"),
+            Column("actors", "actors", fmt_count),
+            Column("ready", "ready", fmt_count),
+            Column("start p50", "start_p50_ns", fmt_dur),
+            Column("start max", "start_max_ns", fmt_dur),
+            Column("max of run", "share", fmt_share),
+        ],
+        rows,
+        style,
+    )
+
+
+def _stage_queues(queues: pd.DataFrame, span: int, style: Style) -> str:
+    """Ray Data's own queues: a task's 'waiting' starts at its submission, and Ray Data
+    submits once it lets the stage run; before, its blocks wait in these queues."""
+    rows = []
+    for row in records(queues):
+        held = row["backpressured_ns"]
+        rows.append({**row, "share": held / span if span and held is not None else None})
+    return render_table(
+        "Queues (the engine's, sampled at its scheduling steps): the most blocks queued "
+        "at the stage's input at once, and the time it held the stage back (backpressure) "
+        "with blocks queued; "
+        "a block waits there before its task is created, outside the tasks' latency",
+        [
+            Column("id", "stage_id", fmt_count),
+            name_column("stage", "stage"),
+            Column("queued max", "queued_blocks_max", fmt_count),
+            Column("held back", "backpressured_ns", fmt_dur),
+            Column("of run", "share", fmt_share),
+        ],
+        rows,
+        style,
+    )
 
 
 def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:

@@ -14,6 +14,10 @@ with pandas DataFrames:
   bucket;
 * :meth:`~TraceQuery.memory_by_stage`, :meth:`~TraceQuery.memory_by_node`,
   :meth:`~TraceQuery.memory_flagged`: tasks whose peak exceeded their request;
+* :meth:`~TraceQuery.actor_starts`: per stage run on actors its engine
+  started (Ray Data's actor pools), how long they took to start;
+* :meth:`~TraceQuery.stage_queues`: per stage whose engine queues its input
+  (Ray Data), the most blocks queued at once and the time held back;
 * :meth:`~TraceQuery.memory_suggestions`: the ``memory=`` each stage should
   request (:mod:`tracer.query.suggest`);
 * :meth:`~TraceQuery.query`: any SQL, in trace_processor.

@@ -309,6 +309,42 @@ def stage_summary(latency: Latency) -> list[Row]:
     return out
 
 
+def actor_starts(rows: TraceRows) -> list[Row]:
+    """``actor_starts.sql``."""
+    out: list[Row] = []
+    groups = _group(rows.actor_starts, lambda r: r[0])
+    for stage_id, actors in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+        ready = sorted(r[3] for r in actors if r[2] is None and r[3] is not None and r[3] >= 0)
+        out.append(
+            {
+                "stage_id": stage_id,
+                "stage": _min(r[1] for r in actors),
+                "actors": len(actors),
+                "ready": len(ready),
+                "start_p50_ns": nearest_rank(ready, 50),
+                "start_max_ns": _max(ready),
+            }
+        )
+    return out
+
+
+def stage_queues(rows: TraceRows) -> list[Row]:
+    """``stage_queues.sql``."""
+    out: list[Row] = []
+    groups = _group(rows.stage_queues, lambda r: r[0])
+    for stage_id, figures in sorted(groups.items(), key=lambda kv: _key(kv[0])):
+        held = [r[3] for r in figures if r[3] is not None]
+        out.append(
+            {
+                "stage_id": stage_id,
+                "stage": _min(r[1] for r in figures),
+                "queued_blocks_max": _max(r[2] for r in figures),
+                "backpressured_ns": sum(held) if held else None,
+            }
+        )
+    return out
+
+
 def latency_by_stage(latency: Latency) -> list[Row]:
     """``latency_by_stage.sql``."""
     out: list[Row] = []

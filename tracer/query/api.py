@@ -331,6 +331,16 @@ class TraceQuery:
             sql,
         )
 
+    def actor_starts(self) -> pd.DataFrame:
+        """Per stage whose engine started actors for it (Ray Data's actor pools): actors
+        created, those seen ready, and how long they took to start (p50, max; ns)."""
+        return self._analysis("actor_starts", lambda: analyses.actor_starts(self._reader_rows()))
+
+    def stage_queues(self) -> pd.DataFrame:
+        """Per stage whose engine queues its input and holds it back (Ray Data): the most
+        blocks queued at its input at once, and its time held back (ns)."""
+        return self._analysis("stage_queues", lambda: analyses.stage_queues(self._reader_rows()))
+
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
         return self._analysis(

@@ -121,6 +121,11 @@ class TraceRows(TraceVisitor):
     def __init__(self) -> None:
         self.tasks: list[TaskRow] = []
         self.executions: list[ExecutionRow] = []
+        #: 'actor starting' slices (an engine's actor pools): (stage_id, stage, status, dur).
+        self.actor_starts: list[tuple[Any, Any, Any, int | None]] = []
+        #: Stage slices with the engine's queue figures: (stage_id, stage, queued_blocks_max,
+        #: backpressured_ns).
+        self.stage_queues: list[tuple[Any, Any, Any, Any]] = []
         # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
         self._children: dict[int, list[int]] = {}
         self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
@@ -192,6 +197,20 @@ class TraceRows(TraceVisitor):
         elif category == L.CAT_EXECUTION:
             if s.name is not None and s.name != L.INSTANT_TASK_FAILED and dur is not None:
                 self._execution(s)
+        elif category == L.CAT_STAGE:
+            args = s.args
+            if s.name == L.SLICE_ACTOR_STARTING:
+                self.actor_starts.append((
+                    arg(args, L.ARG_STAGE_ID), arg(args, L.ARG_STAGE), arg(args, L.ARG_STATUS),
+                    dur,
+                ))
+            elif s.depth == 0 and args and (
+                L.ARG_QUEUED_BLOCKS_MAX in args or L.ARG_BACKPRESSURED_NS in args
+            ):
+                self.stage_queues.append((
+                    arg(args, L.ARG_STAGE_ID), s.name, arg(args, L.ARG_QUEUED_BLOCKS_MAX),
+                    arg(args, L.ARG_BACKPRESSURED_NS),
+                ))
         elif category == L.CAT_SCHEDULER and s.name not in _LOOP_NAMES:
             self._ray(s)
         elif category == L.CAT_SCHEDULER:

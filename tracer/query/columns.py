@@ -41,6 +41,20 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("peak_max_bytes", _I),
         ("over_request", _I),
     ],
+    "actor_starts": [
+        ("stage_id", _I),
+        ("stage", _S),
+        ("actors", _I),
+        ("ready", _I),
+        ("start_p50_ns", _I),
+        ("start_max_ns", _I),
+    ],
+    "stage_queues": [
+        ("stage_id", _I),
+        ("stage", _S),
+        ("queued_blocks_max", _I),
+        ("backpressured_ns", _I),
+    ],
     "task_latency": [
         ("task_id", _S),
         ("attempt", _I),

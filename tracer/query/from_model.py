@@ -17,6 +17,7 @@ from tracer.query.analyses import GAPS_BETWEEN_WAVES, GAPS_IN_WAVES, LATENCY_COL
 from tracer.query.collect import PHASES, TraceRows, rows_from_model
 
 __all__ = [
+    "actor_starts",
     "GAPS_BETWEEN_WAVES",
     "GAPS_IN_WAVES",
     "PHASES",
@@ -27,6 +28,7 @@ __all__ = [
     "memory_flagged",
     "nearest_rank",
     "run_info",
+    "stage_queues",
     "stage_summary",
     "task_latency",
     "task_latency_rows",
@@ -82,6 +84,14 @@ def dispatch_loop(model: TraceModel) -> list[Row]:
 def worker_utilisation(model: TraceModel, buckets: int = 20) -> list[Row]:
     """``worker_utilisation.sql`` with ``buckets`` buckets."""
     return analyses.worker_utilisation(_rows(model), buckets)
+
+
+def actor_starts(model: TraceModel) -> list[Row]:
+    return analyses.actor_starts(_rows(model))
+
+
+def stage_queues(model: TraceModel) -> list[Row]:
+    return analyses.stage_queues(_rows(model))
 
 
 def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:

@@ -33,6 +33,8 @@ ANALYSES = (
     "memory_by_stage",
     "memory_by_node",
     "memory_flagged",
+    "actor_starts",
+    "stage_queues",
 )
 
 _BUCKETS = re.compile(r"SELECT \d+ AS buckets")

@@ -43,6 +43,14 @@ TASK_LANE = "tasks"
 RAY_STATES_TRACK = "Ray states"
 RAY_STATES_PREFIX = "ray states "
 STAGES_TRACK = "Stages"
+#: Under a stage's track, for an engine whose stage runs on a pool of actors it starts
+#: (Ray Data's actor pools): each actor from its creation until the engine saw it ready
+#: (its ``__init__`` done: a model loaded), a slice ``SLICE_ACTOR_STARTING`` (category
+#: stage, args stage_id, stage, actor_id; on its END node_id where it started, status
+#: when it never became ready), on lanes of this one name (the UI merges them) so that
+#: actors starting together never break nesting. Declared at the stage's first actor.
+ACTOR_START_TRACK = "actors starting"
+SLICE_ACTOR_STARTING = "actor starting"
 #: "Node <index> (<first 8 characters of the Ray node id>)", under the run's root.
 NODE_PROCESS_PREFIX = "Node"
 #: "worker <pid>", under its node: the worker process's real pid.
@@ -76,6 +84,15 @@ COUNTER_OBJECT_STORE_USED = "object store memory used"
 #: Tasks of one stage in flight, under the Scheduler process; ``stage`` is the
 #: stage's track name ("1: MapBatches(f)"). COUNTER_INFLIGHT is all stages'.
 COUNTER_STAGE_INFLIGHT = "tasks in flight ({stage})"
+#: Blocks queued at one stage's input, waiting for a task of it (an engine whose
+#: scheduler queues its stages' inputs: Ray Data's "Queued blocks"), sampled at its
+#: scheduling steps, under the Scheduler after the stage's tasks in flight; drawn from
+#: the stage's first queued block on.
+COUNTER_STAGE_QUEUED = "queued blocks ({stage})"
+#: 1 while the engine holds a stage back (Ray Data's backpressure: its task submissions,
+#: or its outputs), else 0; after the stage's queued blocks, from its first backpressure.
+#: The reasons (the engine's policies) are on INSTANT_BACKPRESSURED marks.
+COUNTER_STAGE_BACKPRESSURED = "backpressured ({stage})"
 
 # Memory counters (unit bytes, stored in KiB with unit_multiplier 1024), each
 # on a packet sequence of its own (see tracer.ray.timeline.memory).
@@ -106,6 +123,10 @@ INSTANT_MATERIALIZED = "plan: result materialised"
 INSTANT_TASK_ADDED = "plan: task added to batch"
 INSTANT_DISPATCH_TASK = "dispatch task"
 INSTANT_DISPATCH_ACTOR_TASK = "dispatch actor task"
+#: A stage was held back by a reason not seen for it before (args stage_id, stage, and
+#: ARG_BACKPRESSURE_TASKS / ARG_BACKPRESSURE_OUTPUTS: the engine's policy holding back
+#: its task submissions / its outputs); COUNTER_STAGE_BACKPRESSURED says when.
+INSTANT_BACKPRESSURED = "backpressured"
 #: A task's measurements will never arrive (args: task_id, reason).
 INSTANT_METRICS_LOST = "task measurements lost"
 #: On the dispatch loop at the run's end, once Ray's events were read (after the run
@@ -158,6 +179,9 @@ STATUS_CANCELLED = "cancelled"
 STATUS_UNFINISHED = "unfinished"
 #: Created again under the same id (the runner retried it itself).
 STATUS_SUPERSEDED = "superseded"
+#: On an ``actor starting`` slice: the engine removed the actor before it was ready
+#: (its pool scaled down, or the execution ended).
+STATUS_RELEASED = "released"
 
 # Annotation names.
 #: The wave's number, on the BEGIN of its slice.
@@ -193,6 +217,11 @@ ARG_RAY_ATTEMPT = "ray_attempt"
 #: launch, so that the stage's arrow can reach it (trace_processor draws no arrow
 #: that ends before it starts).
 ARG_STARTED_BEFORE_LAUNCH = "started_before_launch_ns"
+#: On an ``actor starting`` slice: Ray's actor id (hex).
+ARG_ACTOR_ID = "actor_id"
+#: On a slice drawn from the run's start though it began before (an actor its engine
+#: created as its operator started, before the run's trace was opened): by how many ns.
+ARG_BEGAN_BEFORE_RUN = "began_before_run_ns"
 #: On a task slice (END) that Ray retried: how many attempts Ray made, as far
 #: as the driver knows (the last attempt's number + 1), and how many of those
 #: left no measurement (a crashed or killed worker, a lost node; an attempt
@@ -225,6 +254,8 @@ ARG_RAY_FUNCTION = "ray_function"
 ARG_WAITING_FOR = "waiting_for"
 ARG_TASKS = "tasks"
 ARG_REASON = "reason"
+ARG_BACKPRESSURE_TASKS = "backpressure_tasks"
+ARG_BACKPRESSURE_OUTPUTS = "backpressure_outputs"
 #: On the ``INSTANT_RAY_EVENTS`` instant (at the run's end), when Ray's events
 #: were read: how many executions got no Ray events (never arrived within the close's
 #: budget, or dropped by Ray's caps), and how many events Ray said it dropped
@@ -316,5 +347,11 @@ ARG_OOM_KILLED_WORKERS = "oom_killed_workers"
 #: ran ("ray::MapBatches(hog)"), so the task that took the memory shows even where Ray
 #: killed another one (its own measurements, unfinished, never came).
 ARG_OOM_TOP_MEMORY_USERS = "oom_top_memory_users"
+#: On stage slices (END), where the engine queues its stages' inputs (Ray Data): the most
+#: blocks queued at the stage's input at once, and how long the engine held the stage
+#: back in all while blocks were queued there (its COUNTER_STAGE_BACKPRESSURED at 1, with
+#: nothing queued, is a stage idle rather than delayed), sampled at its scheduling steps.
+ARG_QUEUED_BLOCKS_MAX = "queued_blocks_max"
+ARG_BACKPRESSURED_NS = "backpressured_ns"
 #: On stage slices, with memory_requested / memory_peak as {min, p50, max}.
 ARG_TASKS_OVER_REQUEST = "tasks_over_request"

@@ -56,6 +56,23 @@ unless said otherwise):
    missing, its operators' tasks end when the bulk function returns
    (:func:`progress_bar_class`), or they are not traced (:func:`bulk_fn`).
 
+7. **Actor pools starting** (:mod:`.actors`): an ``ActorPoolMapOperator``'s
+   ``_actor_pool`` (``_ActorPool``) with ``_add_pending_actor(actor,
+   ready_ref, usage)`` (an actor created), ``pending_to_running(ready_ref)``
+   (Ray Data saw it ready: its ``get_location`` answered, so its
+   ``__init__`` is done), the dicts ``_pending_actors`` (ready ref -> actor)
+   and ``_running_actors`` (actor -> state with ``actor_location``): read in
+   2.60's sources and tested there; a pool without them (:func:`actor_pool`
+   says None) has its actors' start not drawn.
+
+8. **Queues and backpressure** (sampled at the scheduling steps):
+   ``OpState.total_enqueued_input_blocks()`` (the executor's ``_topology``
+   maps each operator to its state: what Ray Data's progress calls "Queued
+   blocks") and the operator's ``_in_task_submission_backpressure`` /
+   ``_in_task_output_backpressure`` with their ``_task_*_backpressure_policy``
+   names: read in 2.60's sources and tested there; where missing, not drawn
+   (:func:`queued_blocks`, :func:`backpressure` say None).
+
 Everything else used (the executor's ``_topology``, ``_resource_manager``,
 ``_dataset_id``, ``_data_context``; ``op.metrics``, ``op.name``,
 ``op._ray_remote_args``; ``RefBundle.metadata``/``num_rows``/
@@ -550,3 +567,92 @@ def result_metadata(result: Any) -> tuple[int | None, int | None, str | None] | 
     size = meta.size_bytes if isinstance(meta.size_bytes, int) else None
     node = getattr(getattr(meta, "exec_stats", None), "node_id", None)
     return rows, size, node if isinstance(node, str) else None
+
+
+# ------------------------------------------------------------ actor pools (7)
+
+
+def actor_pool(op: Any) -> Any:
+    """An actor-pool operator's pool, if it has all that :mod:`.actors` reads; else None."""
+    pool = getattr(op, "_actor_pool", None)
+    if pool is None:
+        return None
+    if not all(callable(getattr(pool, name, None))
+               for name in ("_add_pending_actor", "pending_to_running")):
+        return None
+    if not isinstance(getattr(pool, "_pending_actors", None), dict) or not isinstance(
+        getattr(pool, "_running_actors", None), dict
+    ):
+        return None
+    return pool
+
+
+def pending_actors(pool: Any) -> list[tuple[Any, Any]]:
+    """The pool's actors still starting: (ready ref, actor handle)."""
+    return list(pool._pending_actors.items())
+
+
+def running_actors(pool: Any) -> list[Any]:
+    """The pool's actors that are ready."""
+    return list(pool._running_actors)
+
+
+def is_pending(pool: Any, ready_ref: Any) -> bool:
+    return ready_ref in pool._pending_actors
+
+
+def added_actor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``_add_pending_actor``'s (actor, ready_ref)."""
+    return _arg(args, kwargs, 0, "actor"), _arg(args, kwargs, 1, "ready_ref")
+
+
+def ready_ref_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``pending_to_running``'s ready ref."""
+    return _arg(args, kwargs, 0, "ready_ref")
+
+
+def actor_id(actor: Any) -> str | None:
+    """Ray's id of an actor handle (hex), or None."""
+    try:
+        return str(actor._actor_id.hex())
+    except Exception:
+        return None
+
+
+def actor_node(pool: Any, actor: Any) -> str | None:
+    """The node a ready actor of the pool runs on (Ray's node id), or None."""
+    try:
+        location = pool._running_actors[actor].actor_location
+    except Exception:
+        return None
+    return str(location) if location else None
+
+
+# ------------------------------------------------------------ queues, backpressure (8)
+
+
+def op_states(executor: Any) -> dict[Any, Any] | None:
+    """The executor's operator -> ``OpState`` (its topology), or None."""
+    topology = getattr(executor, "_topology", None)
+    return topology if isinstance(topology, dict) else None
+
+
+def queued_blocks(state: Any) -> int | None:
+    """Blocks queued at an operator's input (its ``OpState``'s), or None where not known."""
+    count = getattr(state, "total_enqueued_input_blocks", None)
+    if not callable(count):
+        return None
+    return int(count())
+
+
+def backpressure(op: Any) -> tuple[str | None, str | None] | None:
+    """The policies holding back the operator's task submissions and its outputs (each
+    None where not held back; "" where Ray Data names none), or None where not known."""
+    tasks = getattr(op, "_in_task_submission_backpressure", None)
+    outputs = getattr(op, "_in_task_output_backpressure", None)
+    if tasks is None and outputs is None:
+        return None
+    return (
+        str(getattr(op, "_task_submission_backpressure_policy", None) or "") if tasks else None,
+        str(getattr(op, "_task_output_backpressure_policy", None) or "") if outputs else None,
+    )

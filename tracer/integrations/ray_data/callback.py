@@ -32,6 +32,7 @@ import functools
 import importlib
 import logging
 import os
+import time
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from tracer._env import warn_once
 from tracer.errors import InvalidTracingLevelError
 from tracer.integrations.ray_data import _compat as compat
+from tracer.integrations.ray_data.actors import STARTED_ATTR
 from tracer.integrations.ray_data.channel import channel
 from tracer.ray.levels import TracingLevel, resolve_level
 
@@ -249,6 +251,8 @@ def _on_operator_start(op: Any) -> None:
             os.environ.get(CALLBACKS_ENV_VAR, "")
         ):
             return
+        # When its actors (an actor pool's) were created: before the execution's trace.
+        setattr(op, STARTED_ATTR, time.time_ns())
         _measure_operator(op, lvl)
     except Exception as exc:
         _unmeasured(exc)

@@ -9,7 +9,10 @@ the runner's layout:
   ``wave`` slice per step (from one ``on_execution_step`` to the next, with
   the tasks it submitted and saw finish), the tasks in flight (all, and per
   operator), the object-store memory Ray Data's blocks hold and what its
-  resource manager has left;
+  resource manager has left, each operator's queued input blocks and
+  backpressure (:meth:`ExecutionTracer._sample_queues`);
+* **actors starting**: each actor an actor-pool operator starts, from its
+  creation until Ray Data saw it ready (:mod:`.actors`);
 * **tasks**: each operator's data task from submitted to finished (Ray Data
   decides and submits in one call, so there is no waiting before
   ``dispatched``), with Ray's task id, the operator's request (its ray
@@ -51,6 +54,7 @@ from typing import Any
 from tracer.format import TraceWriter
 from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data import all_to_all
+from tracer.integrations.ray_data.actors import ActorPoolWatch
 from tracer.integrations.ray_data.channel import (
     CLOSE_GRACE_S,
     START_GRACE_S,
@@ -128,6 +132,7 @@ class ExecutionTracer:
         self._early: dict[tuple[int, int], list[Metrics]] = {}  # before their task's submission
         self._hooked: list[tuple[Any, str]] = []
         self._bulk_released: list[Callable[[], None]] = []  # all-to-all operators' hooks
+        self._pools: list[ActorPoolWatch] = []  # actor-pool operators' actors starting
         # Executions ready to write, by start: (start_ns, order, measurements, task).
         self._ready: list[tuple[int, int, Metrics, DataTask]] = []
         self._order = 0
@@ -220,6 +225,9 @@ class ExecutionTracer:
         release = all_to_all.hook_operator(op, stage, self)
         if release is not None:
             self._bulk_released.append(release)
+        pool = ActorPoolWatch.watch(stage, self._timeline, self.writer, self._guard)
+        if pool is not None:
+            self._pools.append(pool)
         metrics = compat.op_metrics(op)
         if metrics is None:
             return
@@ -241,6 +249,8 @@ class ExecutionTracer:
             with contextlib.suppress(Exception):
                 release()
         self._bulk_released = []
+        for pool in self._pools:
+            pool.release()
         for stage in self._stages.values():
             if stage.token is not None:
                 self._channel.unregister(stage.token)
@@ -457,7 +467,13 @@ class ExecutionTracer:
         })
         self._step += 1
         self._step_dispatched = self._step_finished = 0
-        self._sample_resources()
+        for pool in self._pools:
+            pool.check()
+        now = self.writer.now()
+        if now - self._last_sample >= _SAMPLE_INTERVAL_NS:
+            self._last_sample = now
+            self._sample_queues()
+            self._sample_resources()
         self._take_arrived()
         now = self.writer.now()
         if now - self._last_settle >= _SETTLE_INTERVAL_NS:
@@ -467,11 +483,51 @@ class ExecutionTracer:
             tl.settle(watermark)
         tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._step})
 
-    def _sample_resources(self) -> None:
-        now = self.writer.now()
-        if now - self._last_sample < _SAMPLE_INTERVAL_NS:
+    def _sample_queues(self) -> None:
+        """Each stage's queued input blocks and whether Ray Data holds it back (what its
+        progress says: "Queued blocks: 168", "[backpressured:tasks(...)]"); a mark on the
+        loop at each reason not seen before for the stage."""
+        states = compat.op_states(self._executor)
+        if states is None:
             return
-        self._last_sample = now
+        tl = self._timeline
+        now = self.writer.now()
+        for stage in self._stages.values():
+            state = states.get(stage.op)
+            queued = compat.queued_blocks(state) if state is not None else None
+            if queued is not None and (queued or stage.queue_drawn):
+                stage.queue_drawn = True
+                stage.queued_max = max(stage.queued_max, queued)
+                tl.count_stage_queued(stage.stage_id, queued, stage.name)
+            held = compat.backpressure(stage.op)
+            if held is None:
+                continue
+            on = held != (None, None)
+            if on or stage.backpressure_drawn:
+                stage.backpressure_drawn = True
+                tl.count_stage_backpressured(stage.stage_id, on, stage.name)
+                # Counted while blocks wait for it (Ray Data holds an operator back with
+                # nothing queued too: an idle stage, not a delayed one).
+                self._held_back(stage, on and queued != 0, now)
+            if on and held not in stage.backpressure_reasons:
+                stage.backpressure_reasons.add(held)
+                args: dict[str, Any] = {L.ARG_STAGE_ID: stage.stage_id, L.ARG_STAGE: stage.name}
+                if held[0] is not None:
+                    args[L.ARG_BACKPRESSURE_TASKS] = held[0]
+                if held[1] is not None:
+                    args[L.ARG_BACKPRESSURE_OUTPUTS] = held[1]
+                tl.loop_instant(L.INSTANT_BACKPRESSURED, args)
+
+    @staticmethod
+    def _held_back(stage: Stage, on: bool, now: int) -> None:
+        """The stage's time held back with blocks queued, from sample to sample."""
+        if on and stage.backpressured_since is None:
+            stage.backpressured_since = now
+        elif not on and stage.backpressured_since is not None:
+            stage.backpressured_ns += now - stage.backpressured_since
+            stage.backpressured_since = None
+
+    def _sample_resources(self) -> None:
         figures = compat.resources(self._executor)
         if figures is None:
             return
@@ -574,11 +630,25 @@ class ExecutionTracer:
             elif task.expects_measurements:
                 tl.lost(task.task_id, why)
         self._tasks.clear()
+        for pool in self._pools:
+            pool.close(now)
         self._early.clear()  # measurements of attempts whose task was written already
         self._write_ready(None)
         for stage in self._stages.values():
             if stage.inflight:
                 tl.count_stage_inflight(stage.stage_id, 0)
+            # The execution is over: nothing queued, nothing held back (equal samples are
+            # not written).
+            figures: dict[str, Any] = {}
+            if stage.queue_drawn:
+                tl.count_stage_queued(stage.stage_id, 0)
+                figures[L.ARG_QUEUED_BLOCKS_MAX] = stage.queued_max
+            if stage.backpressure_drawn:
+                tl.count_stage_backpressured(stage.stage_id, False)
+                self._held_back(stage, False, now)
+                figures[L.ARG_BACKPRESSURED_NS] = stage.backpressured_ns
+            if figures:
+                tl.stage_figures(stage.stage_id, figures)
         if self._inflight:
             tl.count_inflight(0)
         tl.finish()

@@ -59,7 +59,21 @@ class DataTask(TimelineTask):
 class Stage:
     """One physical operator of the execution."""
 
-    __slots__ = ("inflight", "measured", "name", "op", "request", "stage_id", "token")
+    __slots__ = (
+        "backpressure_drawn",
+        "backpressure_reasons",
+        "backpressured_ns",
+        "backpressured_since",
+        "inflight",
+        "measured",
+        "name",
+        "op",
+        "queue_drawn",
+        "queued_max",
+        "request",
+        "stage_id",
+        "token",
+    )
 
     def __init__(self, stage_id: int, op: Any, token: str | None) -> None:
         self.stage_id = stage_id
@@ -74,6 +88,15 @@ class Stage:
             memory_bytes=int_or_none(args.get("memory")),
         )
         self.inflight = 0
+        # Its queued blocks and backpressure are drawn from their first sample that is not
+        # 0 (a stage never queued nor held back has no such counters); the reasons seen.
+        self.queue_drawn = False
+        self.backpressure_drawn = False
+        self.backpressure_reasons: set[tuple[str | None, str | None]] = set()
+        self.queued_max = 0
+        # Time held back in all, and since when it is now (None: not held back).
+        self.backpressured_ns = 0
+        self.backpressured_since: int | None = None
 
 
 def data_error_args(error: BaseException) -> dict[str, str]:

@@ -7,10 +7,17 @@ layer in the layout of :mod:`tracer.ray.layout`. See :mod:`.run`.
 
 from tracer.ray.timeline.memory import MemoryTrace
 from tracer.ray.timeline.ray_phases import RayTaskEvents
-from tracer.ray.timeline.run import CANCEL_ERRORS, Measurements, RunTimeline, TimelineTask
+from tracer.ray.timeline.run import (
+    CANCEL_ERRORS,
+    ActorStart,
+    Measurements,
+    RunTimeline,
+    TimelineTask,
+)
 
 __all__ = [
     "CANCEL_ERRORS",
+    "ActorStart",
     "Measurements",
     "MemoryTrace",
     "RayTaskEvents",

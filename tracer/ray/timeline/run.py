@@ -65,7 +65,9 @@ from tracer.ray.timeline.nodes import Nodes
 from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
 from tracer.ray.timeline.stages import Stage, Stages
 
-__all__ = ["CANCEL_ERRORS", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask"]
+__all__ = [
+    "CANCEL_ERRORS", "ActorStart", "Measurements", "RayTaskEvents", "RunTimeline", "TimelineTask",
+]
 
 #: Measurements of one execution, as a worker reports them (see
 #: :mod:`tracer.ray.task_metrics`): ``start_ns``, ``end_ns``, ``node_id``,
@@ -85,10 +87,12 @@ logger = logging.getLogger("tracer")
 # The Scheduler's tracks, top down (every one ranked: the UI puts unranked siblings of an
 # explicitly ordered track before the ranked ones, in the order they were declared, so a
 # producer's counters declared on first use came out mixed in with the rest): the loop
-# (0), the run's tasks in flight (1), each stage's, what the run holds of the object
-# store, then what is left of the cluster's resources.
+# (0), the run's tasks in flight (1), each stage's tasks in flight, queued blocks and
+# backpressure (in that order, stage by stage), what the run holds of the object store,
+# then what is left of the cluster's resources.
 _RANK_STAGE_INFLIGHT = 2
 _MAX_STAGE_RANK = 100_000
+_STAGE_COUNTERS = 3  # per stage: tasks in flight, queued blocks, backpressured
 _RANK_AVAILABLE = 1_000_000
 
 
@@ -130,6 +134,18 @@ class TimelineTask:
         self.ray_states_drawn = False
         self.released = False
         self.attempt = 0
+
+
+class ActorStart:
+    """One actor of a stage's pool while it starts (:meth:`RunTimeline.actor_starting`)."""
+
+    __slots__ = ("ended", "lane", "stage_id", "ts")
+
+    def __init__(self, stage_id: Any, lane: Track, ts: int) -> None:
+        self.stage_id = stage_id
+        self.lane = lane
+        self.ts = ts
+        self.ended = False
 
 
 class RunTimeline:
@@ -215,7 +231,7 @@ class RunTimeline:
         #: what the producer sees (Ray Data's per-task estimate), says False.
         self.warn_request_mismatch = True
         # Counters a producer samples with figures of its own (declared on first use).
-        self._stage_inflight: dict[Any, CounterTrack] = {}
+        self._stage_inflight: dict[tuple[Any, int], CounterTrack] = {}
         self._avail_object_store: CounterTrack | None = None
         self._object_store_used: CounterTrack | None = None
         # The driver's Python GC (see tracer.ray.driver_gc): its track declared at the
@@ -241,9 +257,14 @@ class RunTimeline:
         self._producer_counts_in_flight = False
         self._resources_changed = False  # a task dispatched or released since the sample
 
+        #: When the run's slice began: nothing of the run is drawn before it.
+        self.start_ts = w.now()
+        # Each stage's free 'actors starting' lanes, with when their last slice ended.
+        self._actor_lanes: dict[Any, list[tuple[Track, int]]] = {}
         w.begin(
             self.loop,
             L.SLICE_EXECUTION,
+            self.start_ts,
             category=L.CAT_SCHEDULER,
             args={"execution_id": execution_id, "runner": runner_name, "tracing_level": int(level),
                   "pid": pid, "tid": tid},
@@ -298,22 +319,51 @@ class RunTimeline:
     def count_stage_inflight(self, stage_id: Any, count: int) -> None:
         """Tasks of one stage in flight: a counter per stage under the Scheduler
         (``COUNTER_STAGE_INFLIGHT``), next to the run's *tasks in flight*."""
-        track = self._stage_inflight.get(stage_id)
+        self.writer.counter(self._stage_counter(stage_id, 0), count)
+
+    def count_stage_queued(self, stage_id: Any, blocks: int, stage_name: str | None = None) -> None:
+        """Blocks queued at one stage's input (``COUNTER_STAGE_QUEUED``), as the producer's
+        scheduler counts them; a stage's counter is declared at its first sample (named
+        with ``stage_name`` if its first task is still to come)."""
+        self.writer.counter(self._stage_counter(stage_id, 1, stage_name), blocks)
+
+    def count_stage_backpressured(
+        self, stage_id: Any, held_back: bool, stage_name: str | None = None
+    ) -> None:
+        """Whether the producer's scheduler holds one stage back now
+        (``COUNTER_STAGE_BACKPRESSURED``: 1 or 0)."""
+        self.writer.counter(self._stage_counter(stage_id, 2, stage_name), int(held_back))
+
+    def stage_figures(self, stage_id: Any, args: dict[str, Any]) -> None:
+        """Annotations of the stage's slice (its END), the producer's own figures of it
+        (Ray Data's: ``queued_blocks_max``, ``backpressured_ns``); for a stage whose slice
+        is still to be written (a stage that ran no task has none)."""
+        stage = self.stages.get(stage_id)
+        if stage is not None and not stage.written:
+            stage.end_args.update(args)
+
+    def _stage_counter(self, stage_id: Any, kind: int, name: str | None = None) -> CounterTrack:
+        """One of a stage's counters under the Scheduler (0: tasks in flight, 1: queued
+        blocks, 2: backpressured), declared on first use."""
+        key = (stage_id, kind)
+        track = self._stage_inflight.get(key)
         if track is None:
             stage = self.stages.get(stage_id)
-            label = stage.track.name if stage is not None else f"{stage_id}"
-            # After the run's count, in the stages' order (ids are the order for both
-            # producers; any other id in the order of first use).
+            label = (stage.track.name if stage is not None
+                     else f"{stage_id}: {name}" if name else f"{stage_id}")
+            # After the run's count, stage by stage in the stages' order (ids are the order
+            # for both producers; any other id in the order of first use).
             n = len(self._stage_inflight)
-            rank = (
-                _RANK_STAGE_INFLIGHT + stage_id
-                if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
-                else _RANK_STAGE_INFLIGHT + _MAX_STAGE_RANK + n
+            rank = _RANK_STAGE_INFLIGHT + kind + _STAGE_COUNTERS * (
+                stage_id if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
+                else _MAX_STAGE_RANK + n
             )
-            track = self._stage_inflight[stage_id] = self.writer.counter_track(
-                L.COUNTER_STAGE_INFLIGHT.format(stage=label), parent=self.scheduler, rank=rank
+            name = (L.COUNTER_STAGE_INFLIGHT, L.COUNTER_STAGE_QUEUED,
+                    L.COUNTER_STAGE_BACKPRESSURED)[kind]
+            track = self._stage_inflight[key] = self.writer.counter_track(
+                name.format(stage=label), parent=self.scheduler, rank=rank
             )
-        self.writer.counter(track, count)
+        return track
 
     def sample_available(
         self,
@@ -798,6 +848,50 @@ class RunTimeline:
         stage = self.stages.get(task.stage_id)
         if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
             self.stages.write(stage)
+
+    # ------------------------------------------------------------ actor pools
+
+    def actor_starting(
+        self, stage_id: Any, stage_name: str | None, ts: int, args: dict[str, Any] | None = None
+    ) -> ActorStart:
+        """The engine created an actor of the stage's pool at ``ts``: its ``actor starting``
+        slice begins on one of the stage's ``actors starting`` lanes (under the stage's
+        track, declared now if its first task is still to come); :meth:`actor_started`
+        ends it. An actor created before the run began (as its operator started) is drawn
+        from the run's start, ``began_before_run_ns`` saying by how much. ``args``: more
+        annotations (``actor_id``)."""
+        begin: dict[str, Any] = {
+            L.ARG_STAGE_ID: stage_id, L.ARG_STAGE: stage_name or f"stage {stage_id}",
+        }
+        if args:
+            begin.update(args)
+        if ts < self.start_ts:
+            begin[L.ARG_BEGAN_BEFORE_RUN] = self.start_ts - ts
+            ts = self.start_ts
+        free = self._actor_lanes.setdefault(stage_id, [])
+        lane = None
+        for i, (_track, released) in enumerate(free):
+            if released < ts:  # a lane is reused only after its last slice ended
+                lane = free.pop(i)[0]
+                break
+        if lane is None:
+            lane = self.writer.track(
+                L.ACTOR_START_TRACK, parent=self.stages.track(stage_id, stage_name), rank=0
+            )
+        self.writer.begin(lane, L.SLICE_ACTOR_STARTING, ts, category=L.CAT_STAGE, args=begin)
+        return ActorStart(stage_id, lane, ts)
+
+    def actor_started(
+        self, start: ActorStart, ts: int, args: dict[str, Any] | None = None
+    ) -> None:
+        """The actor ``start`` is ready at ``ts`` (or, with ``args``' ``status``, never will
+        be: failed, released, unfinished): its slice ends (once)."""
+        if start.ended:
+            return
+        start.ended = True
+        ts = max(ts, start.ts)
+        self.writer.end(start.lane, ts, args=args)
+        self._actor_lanes.setdefault(start.stage_id, []).append((start.lane, ts))
 
     # ------------------------------------------------------------ stages, end
 

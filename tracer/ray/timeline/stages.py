@@ -23,12 +23,15 @@ from tracer.stats import nearest_rank
 
 __all__ = ["Stage", "Stages"]
 
+_MAX_STAGE_RANK = 100_000
+
 
 class Stage:
     """One stage's slice in the making."""
 
     __slots__ = (
         "done",
+        "end_args",
         "first_ts",
         "last_ts",
         "name",
@@ -59,6 +62,8 @@ class Stage:
         self.written = False
         #: The producer said no more tasks will come (its summary may wait for executions).
         self.done = False
+        #: More annotations of its END, the producer's own (:meth:`RunTimeline.stage_figures`).
+        self.end_args: dict[str, Any] = {}
 
 
 class Stages:
@@ -68,18 +73,34 @@ class Stages:
         self.writer = writer
         self.root = root
         self.by_id: dict[Any, Stage] = {}
+        #: Each stage's track, declared at its first task or before (:meth:`track`).
+        self._tracks: dict[Any, Track] = {}
 
     def get(self, stage_id: Any) -> Stage | None:
         return self.by_id.get(stage_id)
+
+    def track(self, stage_id: Any, name: str | None) -> Track:
+        """The stage's track, declared now if its first task is still to come (a stage
+        whose actors start first), ranked by id (ids are the stages' order for every
+        producer; any other id after them, in the order of first use)."""
+        track = self._tracks.get(stage_id)
+        if track is None:
+            name = name or f"stage {stage_id}"
+            rank = (
+                stage_id if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
+                else _MAX_STAGE_RANK + len(self._tracks)
+            )
+            track = self._tracks[stage_id] = self.writer.track(
+                f"{stage_id}: {name}", parent=self.root, rank=rank, merge=False
+            )
+        return track
 
     def for_new_task(self, stage_id: Any, name: str | None, ts: int) -> Stage:
         """The stage a task created at ``ts`` belongs to (a new one, or a new slice of it)."""
         stage = self.by_id.get(stage_id)
         if stage is None:
             name = name or f"stage {stage_id}"
-            track = self.writer.track(
-                f"{stage_id}: {name}", parent=self.root, rank=len(self.by_id), merge=False
-            )
+            track = self.track(stage_id, name)
             stage = self.by_id[stage_id] = Stage(stage_id, name, track, ts)
         elif stage.written:  # a task after the stage was done: a slice of its own
             stage = self.by_id[stage_id] = Stage(stage_id, stage.name, stage.track, ts)
@@ -111,6 +132,7 @@ class Stages:
         if stage.peaks:
             args[L.ARG_MEMORY_PEAK] = summary(stage.peaks)
             args[L.ARG_TASKS_OVER_REQUEST] = stage.over_request
+        args.update(stage.end_args)
         self.writer.end(stage.track, max(stage.last_ts, stage.first_ts), args=args)
 
     def write_all(self) -> None:
