@@ -571,6 +571,11 @@ def result_metadata(result: Any) -> tuple[int | None, int | None, str | None] | 
 
 # ------------------------------------------------------------ actor pools (7)
 
+#: The attribute of a traced map operator: when it started (the writer's clock, ns). Here,
+#: not in .actors: the callback sets it at every level, and at level 0 it must load none
+#: of the tracer's writing modules (tests/ray/test_worker_imports.py).
+STARTED_ATTR = "_tracer_started_ns"
+
 
 def actor_pool(op: Any) -> Any:
     """An actor-pool operator's pool, if it has all that :mod:`.actors` reads; else None."""

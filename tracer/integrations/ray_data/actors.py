@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.integrations.ray_data import _compat as compat
+from tracer.integrations.ray_data._compat import STARTED_ATTR
 from tracer.integrations.ray_data.tasks import Stage, data_error_args
 from tracer.ray import layout as L
 from tracer.ray.task_errors import exceptions_in_traceback
@@ -42,8 +43,6 @@ __all__ = ["STARTED_ATTR", "ActorPoolWatch"]
 
 #: The actor's pid in Ray's header of its creation task's error ("ray::...() (pid=123, ").
 _PID_RE = re.compile(r"\(pid=(\d+),")
-#: The attribute of a traced map operator: when it started (the writer's clock, ns).
-STARTED_ATTR = "_tracer_started_ns"
 
 
 class ActorPoolWatch:

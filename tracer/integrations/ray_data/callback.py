@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 from tracer._env import warn_once
 from tracer.errors import InvalidTracingLevelError
 from tracer.integrations.ray_data import _compat as compat
-from tracer.integrations.ray_data.actors import STARTED_ATTR
 from tracer.integrations.ray_data.channel import channel
 from tracer.ray.levels import TracingLevel, resolve_level
 
@@ -252,7 +251,7 @@ def _on_operator_start(op: Any) -> None:
         ):
             return
         # When its actors (an actor pool's) were created: before the execution's trace.
-        setattr(op, STARTED_ATTR, time.time_ns())
+        setattr(op, compat.STARTED_ATTR, time.time_ns())
         _measure_operator(op, lvl)
     except Exception as exc:
         _unmeasured(exc)
