@@ -8,11 +8,9 @@ in, Ray Data's operator names, its task counts.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +56,7 @@ class ActorWhere:
         return batch
 
 
-@pytest.fixture(scope="module")
-def _module(ray_local: None) -> Iterator[None]:
-    yield
-    traced_data.disable()  # and the job's metrics actor with it
-
-
-@pytest.fixture(autouse=True)
-def _quiet_data_context(_module: None) -> Iterator[None]:
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield
-    # Tracing off between tests, the metrics actor kept for the next (as in one program).
-    with contextlib.suppress(KeyError):
-        ctx.remove_config(traced_data.CONFIG_KEY)
-    _compat.unregister_callback(ctx, traced_data.TracingCallback)
+pytestmark = pytest.mark.usefixtures("ray_data_quiet")  # tests/ray/conftest.py
 
 
 def _pipeline() -> Any:

@@ -9,12 +9,10 @@ long the stage's actors took to start.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +56,7 @@ class BrokenInit:
         return batch
 
 
-@pytest.fixture(scope="module")
-def _module(ray_local: None) -> Iterator[None]:
-    yield
-    traced_data.disable()
-
-
-@pytest.fixture(autouse=True)
-def _quiet_data_context(_module: None) -> Iterator[None]:
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield
-    with contextlib.suppress(KeyError):
-        ctx.remove_config(traced_data.CONFIG_KEY)
-    _compat.unregister_callback(ctx, traced_data.TracingCallback)
+pytestmark = pytest.mark.usefixtures("ray_data_quiet")  # tests/ray/conftest.py
 
 
 def _actor_starts(model: Any) -> list[Any]:

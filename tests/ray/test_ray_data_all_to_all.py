@@ -10,7 +10,6 @@ never reaches the pipeline.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -38,22 +37,12 @@ BLOCKS = 4
 ROWS = BLOCKS * 3
 
 
-@pytest.fixture(scope="module")
-def _module(ray_local: None) -> Iterator[None]:
-    yield
-    traced_data.disable()
-
-
 @pytest.fixture(autouse=True)
-def _quiet_data_context(_module: None) -> Iterator[None]:
+def _shuffle_strategy_kept(ray_data_quiet: None) -> Iterator[None]:
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
     strategy = ctx.shuffle_strategy
     yield
     ctx.shuffle_strategy = strategy
-    with contextlib.suppress(KeyError):
-        ctx.remove_config(traced_data.CONFIG_KEY)
-    _compat.unregister_callback(ctx, traced_data.TracingCallback)
 
 
 def same(batch: dict[str, Any]) -> dict[str, Any]:

@@ -10,11 +10,9 @@ mark on the loop naming each reason (policy) a stage is held back for.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,6 @@ from engines_agree import assert_engines_agree
 from ray_data_checks import check_data_trace, load_data_trace, only_trace
 
 import tracer.integrations.ray_data as traced_data
-from tracer.integrations.ray_data import _compat
 from tracer.query import QueryConfig, TraceQuery, records
 from tracer.ray import layout as L
 
@@ -47,20 +44,7 @@ def capped(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-@pytest.fixture(scope="module")
-def _module(ray_local: None) -> Iterator[None]:
-    yield
-    traced_data.disable()
-
-
-@pytest.fixture(autouse=True)
-def _quiet_data_context(_module: None) -> Iterator[None]:
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield
-    with contextlib.suppress(KeyError):
-        ctx.remove_config(traced_data.CONFIG_KEY)
-    _compat.unregister_callback(ctx, traced_data.TracingCallback)
+pytestmark = pytest.mark.usefixtures("ray_data_quiet")  # tests/ray/conftest.py
 
 
 def test_queued_blocks_and_backpressure_are_counted_per_stage(tmp_path: Path) -> None:
