@@ -122,16 +122,13 @@ def test_a_pipeline_is_traced_like_a_runner(
             assert task.args[L.ARG_RESOURCE_REQUEST] == {
                 "num_cpus": 1, "num_gpus": 0, "memory_bytes": 4 * MIB}
             assert e.args[L.ARG_OVER_REQUEST] is True
-        # The request is what Ray reserved: Ray Data (2.60) gives a map task without a
-        # memory= its average output's size as one, per task (a read: 16 bytes here),
-        # where its operator's own arguments say nothing; the operator's is kept.
-        reserved = int(e.args[L.ARG_ASSIGNED_RESOURCES].get("memory", 0))
-        assert e.args[L.ARG_MEMORY_REQUESTED] == reserved, e.args
+        # The request judged by is the operator's own (what the user set), not the
+        # memory= Ray Data 2.60 adds per task where it has none (its average output's
+        # size: a read, 16 bytes here), which level 1's whole-worker peak would exceed
+        # in every task; Ray's is in the execution's assigned resources.
         said = task.args[L.ARG_RESOURCE_REQUEST]["memory_bytes"]
-        assert e.args.get(L.ARG_MEMORY_REQUESTED_BY_RUNNER, reserved) == said
-    names = ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
-    over = {name: sum(1 for e in execs.values() if e.name == name and
-                      e.args.get(L.ARG_OVER_REQUEST)) for name in names}
+        assert e.args[L.ARG_MEMORY_REQUESTED] == said, e.args
+        assert L.ARG_MEMORY_REQUESTED_BY_RUNNER not in e.args
 
     # The loop: a wave per scheduling step, with what it submitted and saw finish.
     waves = [s for s in rt.loop_slices if s.name == L.SLICE_WAVE]
@@ -194,14 +191,14 @@ def test_a_pipeline_is_traced_like_a_runner(
                                 "sched_start_ns")]
         assert None not in parts and sum(parts) == r["scheduling_ns"], r
     assert info["ray_events_missing"] == len(lost)
+    assert info["memory_request_mismatches"] is None  # Ray Data's own requests stand
     assert list(summary["stage"]) == ["ReadRange", "MapBatches(where)", "MapBatches(ActorWhere)"]
     assert list(summary["tasks"]) == [BLOCKS] * 3
-    assert list(summary["over_request"]) == [over[n] for n in names]
-    assert list(summary["over_request"])[1:] == [BLOCKS, 0]
+    assert list(summary["over_request"]) == [0, BLOCKS, 0]
     assert info["runner"] == "ray-data"
     # The peak is said to be Ray Data's USS where it is the USS, else the RSS (both
     # engines: they agree below).
-    assert len(flagged) == sum(over.values())
+    assert len(flagged) == BLOCKS
     for r in latency.to_dict("records"):
         e = execs[r["task_id"]]
         uss = e.args[L.ARG_MEMORY_PEAK] == e.args[L.ARG_USS_PEAK]

@@ -122,9 +122,9 @@ class ExecutionTracer:
             writer, execution_id=self.execution_id, runner_name=RUNNER_NAME, level=level,
         )
         # Ray Data gives a map task without a memory= its average output's size as one
-        # (2.60, per task, past the operator's arguments): the executions' requests are
-        # what Ray reserved, and that is no bug of the user's to warn of.
-        self._timeline.warn_request_mismatch = False
+        # (2.60, per task, past the operator's arguments): the request the trace judges
+        # by stays the operator's own, what the user set (Ray's is in assigned_resources).
+        self._timeline.adopt_ray_reservation = False
         self._stages: dict[int, Stage] = {}
         self._by_token: dict[str, Stage] = {}
         self._tasks: dict[tuple[int, int], DataTask] = {}

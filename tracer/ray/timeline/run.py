@@ -226,10 +226,13 @@ class RunTimeline:
         #: Executions memray measured with a tracker of their own, and the first's reason.
         self.memray_per_task = 0
         self.memray_per_task_reason: str | None = None
-        #: Log the first such execution: a runner that says one request and gives Ray
-        #: another has a bug to fix. An engine that sets a task's memory= itself, past
-        #: what the producer sees (Ray Data's per-task estimate), says False.
-        self.warn_request_mismatch = True
+        #: Judge executions by the memory Ray reserved for them where it differs from
+        #: their task's request (counted, the first logged: a runner that says one
+        #: request and gives Ray another has a bug to fix). A producer whose engine adds
+        #: a memory= of its own past what the producer sees says False: Ray Data gives an
+        #: operator without one its average output's size (16 B to ~128 MiB), and level
+        #: 1's whole-worker peaks then flagged every task of every pipeline "over".
+        self.adopt_ray_reservation = True
         # Counters a producer samples with figures of its own (declared on first use).
         self._stage_inflight: dict[tuple[Any, int], CounterTrack] = {}
         self._avail_object_store: CounterTrack | None = None
@@ -668,7 +671,7 @@ class RunTimeline:
         """
         requested = int(task.request.memory_bytes or 0) if task is not None else None
         extra: dict[str, Any] = {}
-        if task is not None and requested is not None:
+        if task is not None and requested is not None and self.adopt_ray_reservation:
             reserved = _reserved_memory(m)
             if reserved is not None and reserved != requested:
                 extra[L.ARG_MEMORY_REQUESTED_BY_RUNNER] = requested
@@ -697,7 +700,7 @@ class RunTimeline:
         if stage is not None:
             stage.request_fixes.append((runner, reserved))
         self.request_mismatches += 1
-        if self.request_mismatches == 1 and self.warn_request_mismatch:
+        if self.request_mismatches == 1:
             logger.warning(
                 "tracer: task %r (stage %r) was created with a memory request of %d bytes, "
                 "but Ray reserved %d for it (the memory= it was given); the trace's "
