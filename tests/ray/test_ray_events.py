@@ -155,7 +155,9 @@ def _read_until_complete(source: RayEventSource, ids: list[str]) -> dict[str, An
         time.sleep(0.1)
 
 
-def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
+def test_sources_agree_and_a_failing_one_is_replaced(
+    ray_local: None, caplog: pytest.LogCaptureFixture
+) -> None:
     """The GCS's job query, its per-task query and the read of everything give the same
     facts; a source that raises is dropped for the next."""
     import ray
@@ -195,8 +197,29 @@ def test_sources_agree_and_a_failing_one_is_replaced(ray_local: None) -> None:
 
     broken = Broken()
     source = RayEventSource(job_id(), [broken, AllEventsQuery()])
-    assert _read_until_complete(source, ids) == by_job
+    with caplog.at_level("WARNING", logger="tracer"):
+        assert _read_until_complete(source, ids) == by_job
     assert broken.closed and source.name == "all"
+    # Said once, where it was said only at DEBUG (the traces went on lacking events).
+    said = [r.getMessage() for r in caplog.records if "failed (ConnectionError" in r.getMessage()]
+    assert len(said) == 1 and "reading them from all" in said[0], said
+
+    class Busy(Broken):
+        """A GCS too busy to answer in time: the read brings nothing, the source stays
+        (it sent every later read to the last resort, which no timeout bounds)."""
+
+        calls = 0
+
+        def job(self, job_id: bytes, timeout: float) -> Reply:
+            self.calls += 1
+            raise TimeoutError("deadline exceeded")
+
+        task = job
+
+    busy = Busy()
+    source = RayEventSource(job_id(), [busy, AllEventsQuery()])
+    assert source.read(ids) == [] and source.read(ids) == []
+    assert busy.calls == 2 and not busy.closed and source.name == "broken"
     fact = by_job[ids[0]]
     assert fact.worker_pid > 0 and len(fact.node_id) == 56 and fact.name == "noop"
 

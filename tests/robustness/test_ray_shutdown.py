@@ -190,3 +190,36 @@ def test_a_driver_that_exits_with_its_tracer_open_leaves_a_whole_trace(
     executions = [s for s in model.slices if s.category == L.CAT_EXECUTION]
     assert len(executions) == 20
     assert not instants_named(model, L.INSTANT_METRICS_LOST)
+
+
+def test_ray_shutdown_tells_a_trace_still_being_finished_to_ask_ray_nothing(
+    own_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace still being finished once ``ray.shutdown()``'s wait for it ran out (dozens
+    of them after back-to-back runs) kept asking Ray as its core worker went: Ray said
+    "The core worker has already been shutdown" and the driver exited (a fresh user's
+    review, 3 times in 3). Now the thread is told to ask Ray nothing more, while Ray is
+    still up, and the shutdown waits (bounded) for it to leave; a later ray.init is
+    asked as ever."""
+    from tracer.ray import finishing
+    from tracer.ray.connection import ray_connected
+
+    monkeypatch.setenv("TRACER_RAY_EVENTS_BUDGET_S", "0.3")
+    seen: dict[str, Any] = {}
+
+    def finish() -> None:  # a trace whose reads of Ray's events go on and on
+        start = time.monotonic()
+        while ray_connected() and time.monotonic() - start < 60:
+            time.sleep(0.01)
+        seen["ray_up_when_told"] = ray.is_initialized()
+        seen["after_s"] = time.monotonic() - start
+
+    finishing.finish_in_background(tmp_path / "long.perfetto-trace", finish)
+    start = time.monotonic()
+    ray.shutdown()
+    assert time.monotonic() - start < 10
+    assert seen["ray_up_when_told"] is True, seen  # told before Ray went down
+    assert 0.25 <= seen["after_s"] < 10, seen
+    assert finishing.wait_for_traces(timeout=0)
+    ray.init(num_cpus=1, object_store_memory=78643200, include_dashboard=False)
+    assert ray_connected()  # the shutdown's word does not outlive it

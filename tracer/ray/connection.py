@@ -12,14 +12,31 @@ this first; what it would have fetched is recorded as lost instead.
 
 from __future__ import annotations
 
-__all__ = ["RAY_SHUT_DOWN", "ray_connected"]
+__all__ = ["RAY_SHUT_DOWN", "ray_connected", "stop_asking_ray"]
 
 #: Why measurements not read by then are lost (the reason of the trace's lost instants).
 RAY_SHUT_DOWN = "Ray was shut down"
 
+#: Ray is about to be shut down (:func:`stop_asking_ray`): ask it nothing more.
+_going_down = False
+
+
+def stop_asking_ray(going_down: bool) -> None:
+    """From now on (True) the tracer's threads ask Ray nothing, as if it were shut down,
+    until False: what ``ray.shutdown()`` says before it goes on with traces still being
+    finished (:mod:`tracer.ray.finishing`). A thread still inside one of Ray's calls
+    when Ray's core worker shuts down gets Ray's "core worker has already been shutdown"
+    and the process exits (a driver that ran ~150 traced runs back to back, then shut
+    Ray down)."""
+    global _going_down
+    _going_down = bool(going_down)
+
 
 def ray_connected() -> bool:
-    """Is Ray initialised in this process (``ray.is_initialized()``, ~0.1 µs)?"""
+    """Is Ray initialised in this process (``ray.is_initialized()``, ~0.1 µs), and not
+    about to be shut down?"""
+    if _going_down:
+        return False
     try:
         import ray
 

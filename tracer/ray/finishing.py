@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracer._env import env_flag
+from tracer.ray.connection import stop_asking_ray
 
 if TYPE_CHECKING:
     from tracer.format import TraceWriter
@@ -90,7 +91,7 @@ def finish_in_background(path: str | os.PathLike[str], finish: Callable[[], None
         _pending[key] = thread
         thread.start()
         if not _atexit_registered:
-            atexit.register(wait_for_traces)
+            atexit.register(_at_exit)
             _atexit_registered = True
             _wait_at_ray_shutdown()
 
@@ -113,15 +114,38 @@ def _wait_at_ray_shutdown() -> None:
         @functools.wraps(original)
         def shutdown(*args: object, **kwargs: object) -> object:
             with contextlib.suppress(Exception):  # never in the way of Ray's shutdown
-                from tracer.ray.events_channel import close_budget_s
-
-                wait_for_traces(timeout=close_budget_s() + _SHUTDOWN_GRACE_S)
-            return original(*args, **kwargs)
+                finish_before_ray_goes()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                stop_asking_ray(False)  # a later ray.init is asked as ever
 
         shutdown.__tracer_waits__ = True  # type: ignore[attr-defined]
         ray.shutdown = shutdown
     except Exception as exc:  # tracing never breaks the job
         logger.debug("tracer: ray.shutdown() will not wait for traces: %s", exc)
+
+
+def finish_before_ray_goes() -> bool:
+    """Before Ray is shut down (or the interpreter exits): the traces being finished get
+    their budget for Ray's last events; those still at it then are told to ask Ray
+    nothing more (:func:`~tracer.ray.connection.stop_asking_ray`: they write what they
+    have) and get :data:`_SHUTDOWN_GRACE_S` to leave the call they are in, so that none
+    is inside one of Ray's calls as Ray's core worker goes. True when all are done.
+
+    Bounded either way: back-to-back runs left dozens of traces being finished, and
+    the wait at exit, which had no bound, took 24 s."""
+    from tracer.ray.events_channel import close_budget_s
+
+    if wait_for_traces(timeout=close_budget_s()):
+        return True
+    stop_asking_ray(True)
+    return wait_for_traces(timeout=_SHUTDOWN_GRACE_S)
+
+
+def _at_exit() -> None:
+    with contextlib.suppress(Exception):  # never in the way of the interpreter's exit
+        finish_before_ray_goes()
 
 
 def finish_trace(

@@ -361,6 +361,34 @@ def _warn_no_gcs_query(exc: Exception) -> None:
     )
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """A read that ran out of time (gRPC's DEADLINE_EXCEEDED, a timeout of ours)."""
+    if isinstance(exc, TimeoutError):
+        return True
+    code = getattr(exc, "code", None)
+    try:
+        return callable(code) and getattr(code(), "name", None) == "DEADLINE_EXCEEDED"
+    except Exception:
+        return False
+
+
+_said_fallback: set[tuple[str, str]] = set()
+
+
+def _say_fallback(failed: str, then: str, exc: BaseException) -> None:
+    """Once per process and pair: Ray's events are read another, costlier way from now on
+    (it was said only at DEBUG, and the traces went on lacking events)."""
+    if (failed, then) in _said_fallback:
+        return
+    _said_fallback.add((failed, then))
+    logger.warning(
+        "tracer: reading Ray's task events from %s failed (%s: %s); reading them from %s "
+        "from now on in this run%s", failed, type(exc).__name__, str(exc)[:200], then,
+        " (every event Ray holds: it costs more the more tasks Ray keeps)"
+        if then == AllEventsQuery.name else "",
+    )
+
+
 class RayEventSource:
     """Reads the Ray events of given task ids, the cheapest way it has measured.
 
@@ -470,8 +498,21 @@ class RayEventSource:
             try:
                 events = self._read(query, task_ids, wanted, timeout, each, complete)
             except Exception as exc:
-                logger.debug("tracer: Ray's task events from %s failed: %s", query.name, exc)
+                if _timed_out(exc):
+                    # A busy GCS, not a missing one: this read brings nothing (its tasks
+                    # are asked again at the next), and the source stays. Dropping it
+                    # sent every later read to the last resort, a read of every event
+                    # Ray holds that no timeout bounds (a quarter of the traces of a
+                    # loaded driver).
+                    logger.debug("tracer: Ray's task events from %s timed out: %s",
+                                 query.name, exc)
+                    return []
                 self._queries.pop(0).close()
+                if self._queries:
+                    _say_fallback(query.name, self._queries[0].name, exc)
+                else:
+                    logger.debug("tracer: Ray's task events from %s failed: %s",
+                                 query.name, exc)
                 continue
             self.last_cost_s = time.perf_counter() - t0
             self.read_from = query.name
