@@ -29,7 +29,7 @@ import tracer.integrations.ray_data as traced_data
 from tracer.query import QueryConfig, TraceQuery, records
 from tracer.ray import layout as L
 
-BLOCKS = 12
+BLOCKS = 24
 FIRST = "1: ReadRange->MapBatches(fast)"
 SECOND = "2: MapBatches(capped)"
 
@@ -40,11 +40,22 @@ def fast(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def capped(batch: dict[str, Any]) -> dict[str, Any]:
-    time.sleep(0.05)
+    # Long enough, one at a time, that its input queue holds blocks while it is held back
+    # whatever the machine's load (at 12 x 50 ms a loaded run saw none, 1 in 5).
+    time.sleep(0.1)
     return batch
 
 
 pytestmark = pytest.mark.usefixtures("ray_data_quiet")  # tests/ray/conftest.py
+
+
+def _names_its_policies() -> bool:
+    """Does this Ray Data name the policy that holds an operator back (2.60, not 2.50)?"""
+    import inspect
+
+    from ray.data._internal.execution.interfaces.physical_operator import PhysicalOperator
+
+    return "_task_submission_backpressure_policy" in inspect.getsource(PhysicalOperator)
 
 
 def test_queued_blocks_and_backpressure_are_counted_per_stage(tmp_path: Path) -> None:
@@ -76,7 +87,10 @@ def test_queued_blocks_and_backpressure_are_counted_per_stage(tmp_path: Path) ->
     reasons = [(m.args.get(L.ARG_BACKPRESSURE_TASKS), m.args.get(L.ARG_BACKPRESSURE_OUTPUTS))
                for m in marks]
     assert len(set(reasons)) == len(reasons)
-    assert any(tasks for tasks, _ in reasons), reasons
+    if _names_its_policies():  # 2.60 names the policy; 2.50 says only that it holds it back
+        assert any(tasks for tasks, _ in reasons), reasons
+    else:
+        assert reasons == [("", None)], reasons
 
     # Each stage's figures on its slice, for tracer summary (both engines, below).
     with TraceQuery(path, QueryConfig(engine="reader")) as q:

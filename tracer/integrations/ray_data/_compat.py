@@ -58,15 +58,18 @@ unless said otherwise):
 
 7. **Actor pools starting** (:mod:`.actors`): an ``ActorPoolMapOperator``'s
    ``_actor_pool`` (``_ActorPool``) with ``_add_pending_actor(actor,
-   ready_ref, usage)`` (an actor created), ``pending_to_running(ready_ref)``
-   (Ray Data saw it ready: its ``get_location`` answered, so its
-   ``__init__`` is done), the dicts ``_pending_actors`` (ready ref -> actor)
+   ready_ref, usage)`` (2.50: ``add_pending_actor(actor, ready_ref)``; an
+   actor created), ``pending_to_running(ready_ref)`` (Ray Data saw it
+   ready: its ``get_location`` answered, so its ``__init__`` is done; 2.60
+   returns the actor or None, 2.50 True or False), the dicts
+   ``_pending_actors`` (ready ref -> actor)
    and ``_running_actors`` (actor -> state with ``actor_location``): read in
    2.60's sources and tested there; a pool without them (:func:`actor_pool`
    says None) has its actors' start not drawn.
 
 8. **Queues and backpressure** (sampled at the scheduling steps):
-   ``OpState.total_enqueued_input_blocks()`` (the executor's ``_topology``
+   ``OpState.total_enqueued_input_blocks()`` (2.50:
+   ``total_enqueued_input_bundles()``; the executor's ``_topology``
    maps each operator to its state: what Ray Data's progress calls "Queued
    blocks") and the operator's ``_in_task_submission_backpressure`` /
    ``_in_task_output_backpressure`` with their ``_task_*_backpressure_policy``
@@ -577,13 +580,21 @@ def result_metadata(result: Any) -> tuple[int | None, int | None, str | None] | 
 STARTED_ATTR = "_tracer_started_ns"
 
 
+#: What the pool calls the method that adds an actor created: 2.60's, then 2.50's name.
+ADD_PENDING_ACTOR = ("_add_pending_actor", "add_pending_actor")
+
+
+def add_pending_name(pool: Any) -> str | None:
+    """The name of the pool's method that adds an actor created, or None."""
+    return next((n for n in ADD_PENDING_ACTOR if callable(getattr(pool, n, None))), None)
+
+
 def actor_pool(op: Any) -> Any:
     """An actor-pool operator's pool, if it has all that :mod:`.actors` reads; else None."""
     pool = getattr(op, "_actor_pool", None)
     if pool is None:
         return None
-    if not all(callable(getattr(pool, name, None))
-               for name in ("_add_pending_actor", "pending_to_running")):
+    if add_pending_name(pool) is None or not callable(getattr(pool, "pending_to_running", None)):
         return None
     if not isinstance(getattr(pool, "_pending_actors", None), dict) or not isinstance(
         getattr(pool, "_running_actors", None), dict
@@ -600,6 +611,14 @@ def pending_actors(pool: Any) -> list[tuple[Any, Any]]:
 def running_actors(pool: Any) -> list[Any]:
     """The pool's actors that are ready."""
     return list(pool._running_actors)
+
+
+def pending_actor_of(pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The actor ``pending_to_running``'s ready ref stands for, while still pending."""
+    try:
+        return pool._pending_actors.get(ready_ref_arg(args, kwargs))
+    except Exception:
+        return None
 
 
 def is_pending(pool: Any, ready_ref: Any) -> bool:
@@ -643,11 +662,13 @@ def op_states(executor: Any) -> dict[Any, Any] | None:
 
 
 def queued_blocks(state: Any) -> int | None:
-    """Blocks queued at an operator's input (its ``OpState``'s), or None where not known."""
-    count = getattr(state, "total_enqueued_input_blocks", None)
-    if not callable(count):
-        return None
-    return int(count())
+    """Blocks queued at an operator's input (its ``OpState``'s: 2.60's name, then 2.50's),
+    or None where not known."""
+    for name in ("total_enqueued_input_blocks", "total_enqueued_input_bundles"):
+        count = getattr(state, name, None)
+        if callable(count):
+            return int(count())
+    return None
 
 
 def backpressure(op: Any) -> tuple[str | None, str | None] | None:

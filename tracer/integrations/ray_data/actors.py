@@ -91,7 +91,8 @@ class ActorPoolWatch:
 
     def _hook(self) -> None:
         pool, guard = self.pool, self._guard
-        add_original = pool._add_pending_actor
+        add_name = compat.add_pending_name(pool) or compat.ADD_PENDING_ACTOR[0]
+        add_original = getattr(pool, add_name)
         ready_original = pool.pending_to_running
 
         def add_pending_actor(*args: Any, **kwargs: Any) -> Any:
@@ -100,15 +101,18 @@ class ActorPoolWatch:
             return result
 
         def pending_to_running(*args: Any, **kwargs: Any) -> Any:
+            # 2.60 returns the actor (None: gone before it was ready), 2.50 True or False.
+            before = compat.pending_actor_of(pool, args, kwargs)
             try:
-                actor = ready_original(*args, **kwargs)
+                result = ready_original(*args, **kwargs)
             except BaseException as exc:
                 guard(self._ready, args, kwargs, None, exc)
                 raise
+            actor = before if result is True else None if result is False else result
             guard(self._ready, args, kwargs, actor, None)
-            return actor
+            return result
 
-        for name, fn in (("_add_pending_actor", add_pending_actor),
+        for name, fn in ((add_name, add_pending_actor),
                          ("pending_to_running", pending_to_running)):
             fn.__tracer_hook__ = True  # type: ignore[attr-defined]
             setattr(pool, name, fn)
