@@ -723,3 +723,48 @@ def test_ratios_too_big_for_two_decimals_are_said_in_k_and_m(
     from tracer.cli._output import Style, fmt_ratio
 
     assert fmt_ratio(ratio, Style(rich=False, color=False)) == shown
+
+
+def test_summary_lists_the_failed_tasks_with_their_errors(tmp_path: Path) -> None:
+    """The Stages table counted failed tasks only: which one, and of what, was nowhere in
+    the summary (a fresh user's review). Both engines list them (task_failures)."""
+    from tracer.format import TraceWriter
+    from tracer.ray import ResourceRequest
+    from tracer.ray import layout as L
+    from tracer.ray.timeline import RunTimeline, TimelineTask
+
+    path = tmp_path / "failed.perfetto-trace"
+    t0 = 1_800_000_000_000_000_000
+    ends = {
+        "0-0": None,
+        "0-1": {L.ARG_STATUS: L.STATUS_FAILED, L.ARG_ERROR_TYPE: "OutOfMemoryError",
+                L.ARG_ERROR: "Task was killed due to the node running low on memory.\n"
+                             "Memory on the node was 7.5GB / 8GB"},
+        "0-2": {L.ARG_STATUS: L.STATUS_CANCELLED, L.ARG_ERROR_TYPE: "TaskCancelledError",
+                L.ARG_ERROR: "TaskCancelledError: cancelled by the runner"},
+    }
+    with TraceWriter(path) as w:
+        tl = RunTimeline(w, execution_id="f", runner_name="mine", loop_pid=5, loop_tid=5)
+        for i, (task_id, end) in enumerate(ends.items()):
+            task = tl.task_created(TimelineTask, task_id, 0, ResourceRequest(num_cpus=1),
+                                   t0 + i, stage_name="map")
+            tl.task_dispatched(task, t0 + 10 + i)
+            tl.task_ended(task, t0 + 50 + i, end)
+        tl.close()
+    for engine in ("reader", "trace_processor"):
+        with TraceQuery(path, QueryConfig(engine=engine)) as q:  # type: ignore[arg-type]
+            failures = records(q.task_failures())
+        assert [(r["task_id"], r["status"], r["error_type"]) for r in failures] == [
+            ("0-1", "failed", "OutOfMemoryError"), ("0-2", "cancelled", "TaskCancelledError")]
+        assert failures[0]["error"] == ends["0-1"][L.ARG_ERROR]  # type: ignore[index]
+        out = tracer("summary", path, "--engine", engine).stdout
+        table = out.split("Failed tasks (2; --json has them all)", 1)[1].split("\n\n", 1)[0]
+        rows = [line.split(None, 4) for line in table.splitlines()[3:]]
+        assert rows == [
+            ["0-1", "0", "map", "failed",
+             "OutOfMemoryError: Task was killed due to the node running low on memory."],
+            ["0-2", "0", "map", "cancelled", "TaskCancelledError: cancelled by the runner"],
+        ], table
+    from engines_agree import assert_engines_agree
+
+    assert_engines_agree(path)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         stages = q.stage_summary()
         actors = q.actor_starts()
         queues = q.stage_queues()
+        failures = q.task_failures()
         latency = q.latency_by_stage()
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 "stages": records(stages),
                 "actor_starts": records(actors),
                 "stage_queues": records(queues),
+                "task_failures": records(failures),
                 "latency_by_stage": records(latency),
                 "dispatch_loop": records(loop),
                 "worker_utilisation": records(util),
@@ -92,8 +94,39 @@ def run(args: argparse.Namespace) -> int:
         return 0
     style = Style.for_stream(sys.stdout)
     print(render(args.trace, engine, info, stages, latency, loop, util, style, killed,
-                 largest, [(str(s), int(n)) for s, n in unfinished.items()], actors, queues))
+                 largest, [(str(s), int(n)) for s, n in unfinished.items()], actors, queues,
+                 failures))
     return 0
+
+
+#: The failed tasks the summary lists (all are in --json and TraceQuery.task_failures()).
+FAILURES_SHOWN = 10
+
+
+def _failures(failures: pd.DataFrame, style: Style) -> str:
+    """Which tasks failed and why: the Stages table counts them only (a fresh user could
+    not tell which task failed, nor of what)."""
+    rows = []
+    for row in records(failures)[:FAILURES_SHOWN]:
+        error = " ".join(str(row["error"] or "").split("\n", 1)[0].split())
+        kind = row["error_type"] or ""
+        if error.startswith(f"{kind}: "):
+            error = error[len(kind) + 2:]
+        rows.append({**row, "why": f"{kind}: {error}" if kind and error else kind or error})
+    shown = f"the first {FAILURES_SHOWN} of {len(failures)}" if len(failures) > len(rows) \
+        else f"{len(rows)}"
+    return render_table(
+        f"Failed tasks ({shown}; --json has them all)",
+        [
+            name_column("task", "task_id"),
+            Column("attempt", "attempt", fmt_count),
+            name_column("stage", "stage"),
+            Column("status", "status", right=False),
+            Column("error", "why", right=False, max_width=100),
+        ],
+        rows,
+        style,
+    )
 
 
 def _largest_at_a_kill(q: TraceQuery) -> dict[str, Any] | None:
@@ -161,13 +194,16 @@ def render(
     unfinished: list[tuple[str, int]] | None = None,
     actors: pd.DataFrame | None = None,
     queues: pd.DataFrame | None = None,
+    failures: pd.DataFrame | None = None,
 ) -> str:
     """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage;
     ``largest_at_kill``: the Ray worker using the most memory at a kill (a row of
     :meth:`~tracer.query.TraceQuery.oom_reports`); ``unfinished``: tasks still in
     flight when the trace ended, by stage; ``actors``: the stages' actors starting
     (:meth:`~tracer.query.TraceQuery.actor_starts`); ``queues``: the stages' queued
-    blocks and backpressure (:meth:`~tracer.query.TraceQuery.stage_queues`)."""
+    blocks and backpressure (:meth:`~tracer.query.TraceQuery.stage_queues`); ``failures``:
+    the task attempts that failed or were cancelled
+    (:meth:`~tracer.query.TraceQuery.task_failures`)."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -206,6 +242,8 @@ def render(
                 f"{fmt_name(str(largest_at_kill['command']), style)} (pid "
                 f"{largest_at_kill['pid']}, {fmt_bytes(largest_at_kill['memory_bytes'], style)})"
             )
+    if failures is not None and not failures.empty:
+        parts.append(_failures(failures, style))
     loop_rows = records(loop)
     span = sum(r["total_ns"] or 0 for r in loop_rows)
     if actors is not None and not actors.empty:

@@ -18,6 +18,8 @@ with pandas DataFrames:
   started (Ray Data's actor pools), how long they took to start;
 * :meth:`~TraceQuery.stage_queues`: per stage whose engine queues its input
   (Ray Data), the most blocks queued at once and the time held back;
+* :meth:`~TraceQuery.task_failures`: the task attempts that failed or were
+  cancelled, with their errors;
 * :meth:`~TraceQuery.memory_suggestions`: the ``memory=`` each stage should
   request (:mod:`tracer.query.suggest`);
 * :meth:`~TraceQuery.query`: any SQL, in trace_processor.

@@ -345,6 +345,16 @@ def stage_queues(rows: TraceRows) -> list[Row]:
     return out
 
 
+def task_failures(rows: TraceRows) -> list[Row]:
+    """``task_failures.sql``."""
+    return [
+        {"task_id": task_id, "attempt": attempt, "stage_id": stage_id, "stage": stage,
+         "status": status, "error_type": error_type, "error": error}
+        for _, _, task_id, attempt, stage_id, stage, status, error_type, error
+        in sorted(rows.failures, key=lambda r: (r[0], r[1]))
+    ]
+
+
 def latency_by_stage(latency: Latency) -> list[Row]:
     """``latency_by_stage.sql``."""
     out: list[Row] = []

@@ -341,6 +341,11 @@ class TraceQuery:
         blocks queued at its input at once, and its time held back (ns)."""
         return self._analysis("stage_queues", lambda: analyses.stage_queues(self._reader_rows()))
 
+    def task_failures(self) -> pd.DataFrame:
+        """The task attempts that failed or were cancelled, in the order they were created:
+        their stage, ``status`` and the error (``error_type``, ``error``) as recorded."""
+        return self._analysis("task_failures", lambda: analyses.task_failures(self._reader_rows()))
+
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
         return self._analysis(

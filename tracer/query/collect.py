@@ -126,6 +126,9 @@ class TraceRows(TraceVisitor):
         #: Stage slices with the engine's queue figures: (stage_id, stage, queued_blocks_max,
         #: backpressured_ns).
         self.stage_queues: list[tuple[Any, Any, Any, Any]] = []
+        #: Task attempts that failed or were cancelled: (created_ts, id, task_id, attempt,
+        #: stage_id, stage, status, error_type, error).
+        self.failures: list[tuple[Any, ...]] = []
         # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
         self._children: dict[int, list[int]] = {}
         self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
@@ -290,6 +293,12 @@ class TraceRows(TraceVisitor):
         if children is not None:
             dispatched = children[0] if len(children) == 1 else tuple(sorted(children))
         intern = self._intern
+        if status in (L.STATUS_FAILED, L.STATUS_CANCELLED):
+            self.failures.append((
+                t.ts, t.id, arg(args, L.ARG_TASK_ID), 0 if attempt is None else attempt,
+                arg(args, L.ARG_STAGE_ID), t.name if stage is None else stage, status,
+                arg(args, L.ARG_ERROR_TYPE), arg(args, L.ARG_ERROR),
+            ))
         self.tasks.append(
             (
                 t.id,

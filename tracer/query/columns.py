@@ -49,6 +49,15 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("start_p50_ns", _I),
         ("start_max_ns", _I),
     ],
+    "task_failures": [
+        ("task_id", _S),
+        ("attempt", _I),
+        ("stage_id", _I),
+        ("stage", _S),
+        ("status", _S),
+        ("error_type", _S),
+        ("error", _S),
+    ],
     "stage_queues": [
         ("stage_id", _I),
         ("stage", _S),

@@ -30,6 +30,7 @@ __all__ = [
     "run_info",
     "stage_queues",
     "stage_summary",
+    "task_failures",
     "task_latency",
     "task_latency_rows",
     "worker_utilisation",
@@ -92,6 +93,10 @@ def actor_starts(model: TraceModel) -> list[Row]:
 
 def stage_queues(model: TraceModel) -> list[Row]:
     return analyses.stage_queues(_rows(model))
+
+
+def task_failures(model: TraceModel) -> list[Row]:
+    return analyses.task_failures(_rows(model))
 
 
 def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:

@@ -35,6 +35,7 @@ ANALYSES = (
     "memory_flagged",
     "actor_starts",
     "stage_queues",
+    "task_failures",
 )
 
 _BUCKETS = re.compile(r"SELECT \d+ AS buckets")
