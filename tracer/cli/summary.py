@@ -99,6 +99,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _error_line(error_type: Any, error: Any) -> str:
+    """``type: text`` on one line, the type said once where the text starts with it too
+    (Ray Data's errors: "ValueError: ..." of type ValueError)."""
+    kind = str(error_type or "")
+    text = " ".join(str(error or "").split())
+    if kind and text.startswith(f"{kind}: "):
+        text = text[len(kind) + 2:]
+    return f"{kind}: {text}" if kind and text else kind or text
+
+
 #: The failed tasks the summary lists (all are in --json and TraceQuery.task_failures()).
 FAILURES_SHOWN = 10
 
@@ -108,11 +118,8 @@ def _failures(failures: pd.DataFrame, style: Style) -> str:
     not tell which task failed, nor of what)."""
     rows = []
     for row in records(failures)[:FAILURES_SHOWN]:
-        error = " ".join(str(row["error"] or "").split("\n", 1)[0].split())
-        kind = row["error_type"] or ""
-        if error.startswith(f"{kind}: "):
-            error = error[len(kind) + 2:]
-        rows.append({**row, "why": f"{kind}: {error}" if kind and error else kind or error})
+        first = str(row["error"] or "").split("\n", 1)[0]
+        rows.append({**row, "why": _error_line(row["error_type"], first)})
     shown = f"the first {FAILURES_SHOWN} of {len(failures)}" if len(failures) > len(rows) \
         else f"{len(rows)}"
     return render_table(
@@ -358,11 +365,8 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
     bits.append(f"engine {engine}")
     header = style.bold(bits[0]) + "  " + style.dim(", ".join(bits[1:]))
     if info.get("error_type"):
-        error = " ".join(str(info.get("error") or "").split())  # one line
-        if error.startswith(f"{info['error_type']}: "):  # Ray Data's: "ValueError: ..."
-            error = error[len(info["error_type"]) + 2:]
-        header += (f"\nThe run ended with an error: {info['error_type']}"
-                   + (f": {error[:200]}" if error else ""))
+        said = _error_line(info["error_type"], info.get("error"))
+        header += f"\nThe run ended with an error: {said[:250]}"
     mismatches = info.get(L.ARG_MEMORY_REQUEST_MISMATCHES)
     if mismatches:
         header += (f"\n{fmt_count(mismatches, style)} executions' memory requests are what "

@@ -24,14 +24,13 @@ operator started). A pool without the parts read here (another Ray:
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracer.integrations.ray_data import _compat as compat
 from tracer.integrations.ray_data._compat import STARTED_ATTR
-from tracer.integrations.ray_data.tasks import Stage, data_error_args
+from tracer.integrations.ray_data.tasks import Stage, data_error_args, hooked
 from tracer.ray import layout as L
 from tracer.ray.task_errors import exceptions_in_traceback
 from tracer.ray.timeline import ActorStart, RunTimeline
@@ -65,7 +64,9 @@ class ActorPoolWatch:
         self._writer = writer
         self._guard = guard
         self._open: dict[Any, ActorStart] = {}  # ready ref -> its actor's slice
-        self._hooked: list[str] = []
+        #: The pool's methods hooked (on the instance): the execution tracer gives them
+        #: back with its other hooks (ExecutionTracer._release).
+        self.hooked: list[str] = []
 
     @classmethod
     def watch(
@@ -82,11 +83,6 @@ class ActorPoolWatch:
         watch._already_created()
         return watch
 
-    @property
-    def starting(self) -> int:
-        """Actors whose start is drawn and not ended yet."""
-        return len(self._open)
-
     # ------------------------------------------------------------ hooks
 
     def _hook(self) -> None:
@@ -95,10 +91,10 @@ class ActorPoolWatch:
         add_original = getattr(pool, add_name)
         ready_original = pool.pending_to_running
 
-        def add_pending_actor(*args: Any, **kwargs: Any) -> Any:
-            result = add_original(*args, **kwargs)
-            guard(self._created, args, kwargs)
-            return result
+        add_pending_actor = hooked(
+            add_original, lambda _stage, args, kwargs: self._created(args, kwargs),
+            self.stage, guard,
+        )
 
         def pending_to_running(*args: Any, **kwargs: Any) -> Any:
             # 2.60 returns the actor (None: gone before it was ready), 2.50 True or False.
@@ -112,19 +108,11 @@ class ActorPoolWatch:
             guard(self._ready, args, kwargs, actor, None)
             return result
 
+        pending_to_running.__tracer_hook__ = True  # type: ignore[attr-defined]
         for name, fn in ((add_name, add_pending_actor),
                          ("pending_to_running", pending_to_running)):
-            fn.__tracer_hook__ = True  # type: ignore[attr-defined]
             setattr(pool, name, fn)
-            self._hooked.append(name)
-
-    def release(self) -> None:
-        """Give Ray Data its pool's methods back."""
-        for name in self._hooked:
-            with contextlib.suppress(Exception):
-                if getattr(self.pool.__dict__.get(name), "__tracer_hook__", False):
-                    delattr(self.pool, name)
-        self._hooked = []
+            self.hooked.append(name)
 
     # ------------------------------------------------------------ facts
 

@@ -228,6 +228,7 @@ class ExecutionTracer:
         pool = ActorPoolWatch.watch(stage, self._timeline, self.writer, self._guard)
         if pool is not None:
             self._pools.append(pool)
+            self._hooked.extend((pool.pool, name) for name in pool.hooked)
         metrics = compat.op_metrics(op)
         if metrics is None:
             return
@@ -240,17 +241,15 @@ class ExecutionTracer:
 
     def _release(self) -> None:
         """Give Ray Data its operators' hooks back; no more measurements for this execution."""
-        for metrics, name in self._hooked:
+        for owner, name in self._hooked:  # op metrics' methods, actor pools' methods
             with contextlib.suppress(Exception):
-                if getattr(metrics.__dict__.get(name), "__tracer_hook__", False):
-                    delattr(metrics, name)
+                if getattr(owner.__dict__.get(name), "__tracer_hook__", False):
+                    delattr(owner, name)
         self._hooked = []
         for release in self._bulk_released:
             with contextlib.suppress(Exception):
                 release()
         self._bulk_released = []
-        for pool in self._pools:
-            pool.release()
         for stage in self._stages.values():
             if stage.token is not None:
                 self._channel.unregister(stage.token)
@@ -472,7 +471,7 @@ class ExecutionTracer:
         now = self.writer.now()
         if now - self._last_sample >= _SAMPLE_INTERVAL_NS:
             self._last_sample = now
-            self._sample_queues()
+            self._sample_queues(now)
             self._sample_resources()
         self._take_arrived()
         now = self.writer.now()
@@ -483,7 +482,7 @@ class ExecutionTracer:
             tl.settle(watermark)
         tl.begin_loop(L.SLICE_WAVE, {L.ARG_WAVE: self._step})
 
-    def _sample_queues(self) -> None:
+    def _sample_queues(self, now: int) -> None:
         """Each stage's queued input blocks and whether Ray Data holds it back (what its
         progress says: "Queued blocks: 168", "[backpressured:tasks(...)]"); a mark on the
         loop at each reason not seen before for the stage."""
@@ -491,7 +490,6 @@ class ExecutionTracer:
         if states is None:
             return
         tl = self._timeline
-        now = self.writer.now()
         for stage in self._stages.values():
             state = states.get(stage.op)
             queued = compat.queued_blocks(state) if state is not None else None

@@ -234,7 +234,7 @@ class RunTimeline:
         #: 1's whole-worker peaks then flagged every task of every pipeline "over".
         self.adopt_ray_reservation = True
         # Counters a producer samples with figures of its own (declared on first use).
-        self._stage_inflight: dict[tuple[Any, int], CounterTrack] = {}
+        self._stage_counters: dict[tuple[Any, int], CounterTrack] = {}
         self._avail_object_store: CounterTrack | None = None
         self._object_store_used: CounterTrack | None = None
         # The driver's Python GC (see tracer.ray.driver_gc): its track declared at the
@@ -349,21 +349,21 @@ class RunTimeline:
         """One of a stage's counters under the Scheduler (0: tasks in flight, 1: queued
         blocks, 2: backpressured), declared on first use."""
         key = (stage_id, kind)
-        track = self._stage_inflight.get(key)
+        track = self._stage_counters.get(key)
         if track is None:
             stage = self.stages.get(stage_id)
             label = (stage.track.name if stage is not None
                      else f"{stage_id}: {name}" if name else f"{stage_id}")
             # After the run's count, stage by stage in the stages' order (ids are the order
             # for both producers; any other id in the order of first use).
-            n = len(self._stage_inflight)
+            n = len(self._stage_counters)
             rank = _RANK_STAGE_INFLIGHT + kind + _STAGE_COUNTERS * (
                 stage_id if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
                 else _MAX_STAGE_RANK + n
             )
             name = (L.COUNTER_STAGE_INFLIGHT, L.COUNTER_STAGE_QUEUED,
                     L.COUNTER_STAGE_BACKPRESSURED)[kind]
-            track = self._stage_inflight[key] = self.writer.counter_track(
+            track = self._stage_counters[key] = self.writer.counter_track(
                 name.format(stage=label), parent=self.scheduler, rank=rank
             )
         return track
@@ -670,16 +670,16 @@ class RunTimeline:
         then on, and the first such task is logged.
         """
         requested = int(task.request.memory_bytes or 0) if task is not None else None
-        extra: dict[str, Any] = {}
+        by_runner = None
         if task is not None and requested is not None and self.adopt_ray_reservation:
             reserved = _reserved_memory(m)
             if reserved is not None and reserved != requested:
-                extra[L.ARG_MEMORY_REQUESTED_BY_RUNNER] = requested
+                by_runner = requested
                 self._request_differs(task, stage, requested, reserved)
                 requested = reserved
         args, peak, over = self.memory.execution(m, requested, node, worker, start, end)
-        if extra:
-            args.update(extra)
+        if by_runner is not None:
+            args[L.ARG_MEMORY_REQUESTED_BY_RUNNER] = by_runner
         if m.get("memray") == L.MEMRAY_PER_TASK:
             self.memray_per_task += 1
             if self.memray_per_task_reason is None:
