@@ -97,7 +97,13 @@ def test_queued_blocks_and_backpressure_are_counted_per_stage(tmp_path: Path) ->
         figures = {r["stage_id"]: r for r in records(q.stage_queues())}
     (run,) = [s for s in rt.loop_slices if s.depth == 0]
     assert figures[1]["stage"] == FIRST[3:] and figures[1]["queued_blocks_max"] == max(queued)
-    assert 0 < figures[2]["backpressured_ns"] <= (run.dur or 0)
+    held_ns = figures[2]["backpressured_ns"]
+    assert held_ns is not None and 0 <= held_ns <= (run.dur or 0)
+    if _names_its_policies():
+        # 2.60 holds the capped stage back (ConcurrencyCap) while its input is queued.
+        # 2.50 raises its flag at other moments (seen 1 run in 3 never while blocks were
+        # queued at a sample): its time held back may be 0 there.
+        assert held_ns > 0, figures
     # The summary says where the blocks waited.
     out = subprocess.run(
         [sys.executable, "-m", "tracer", "summary", str(path), "--engine", "reader"],
