@@ -5,11 +5,11 @@ call :class:`RunTimeline` with plain facts; it writes them through the format
 layer in the layout of :mod:`tracer.ray.layout`. See :mod:`.run`.
 """
 
+from tracer.ray.timeline.actors import ActorStart
 from tracer.ray.timeline.memory import MemoryTrace
 from tracer.ray.timeline.ray_phases import RayTaskEvents
 from tracer.ray.timeline.run import (
     CANCEL_ERRORS,
-    ActorStart,
     Measurements,
     RunTimeline,
     TimelineTask,

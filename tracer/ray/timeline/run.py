@@ -20,18 +20,20 @@ What it draws, under one **Run** root track per run and in this order
   or, for an engine whose scheduler counts for itself, its own figures:
   :meth:`RunTimeline.sample_available`, with the object store's, and
   :meth:`RunTimeline.count_object_store_used`), and per stage, tasks in
-  flight (:meth:`RunTimeline.count_stage_inflight`);
+  flight (:meth:`RunTimeline.count_stage_inflight`), queued blocks and
+  backpressure (:mod:`.scheduler`);
 * **Ray tasks**: each task from created to ended with its nested
   ``dispatched`` slice, on a pool of lanes (tracks of one name, which the UI
   merges) so that thousands of overlapping tasks never break nesting; a lane
   is reused only by a task created after the last one on it ended;
-* **Stages** with their arrows, from each task's launch (:mod:`.stages`);
+* **Stages** with their arrows, from each task's launch (:mod:`.stages`),
+  and their actor pools starting (:mod:`.actors`);
 * **nodes and workers** with their executions and memory counters
   (:mod:`.nodes`, :mod:`.memory`);
 * under the dispatch loop, the driver's **Python GC** pauses of 1 ms or more
-  (:mod:`tracer.ray.driver_gc`: a collection holds the GIL, so the loop stood
-  still meanwhile), drawn at each flush (:meth:`RunTimeline.draw_driver_gc`),
-  and every collection's count and time on the run's slice.
+  (:mod:`.gc_pauses`: a collection holds the GIL, so the loop stood still
+  meanwhile), drawn at each flush (:meth:`RunTimeline.draw_driver_gc`), and
+  every collection's count and time on the run's slice.
 
 All are plain tracks: the UI appends a process's pid and a thread's tid to
 its name, and a node's or a worker's would be synthetic (worker pids repeat
@@ -49,20 +51,27 @@ import dataclasses
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from tracer.format import CounterTrack, TraceWriter, Track
+from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
-from tracer.ray.driver_gc import DriverGC
 from tracer.ray.levels import TracingLevel
 from tracer.ray.resources import ResourceRequest
+from tracer.ray.timeline.actors import ActorStart, ActorStarts
 from tracer.ray.timeline.awaited import Awaited, measurements
+from tracer.ray.timeline.gc_pauses import GCPauses
 from tracer.ray.timeline.memory import MemoryTrace
 from tracer.ray.timeline.nodes import Nodes
 from tracer.ray.timeline.ray_phases import RayPhases, RayTaskEvents
+from tracer.ray.timeline.scheduler import (
+    STAGE_BACKPRESSURED,
+    STAGE_INFLIGHT,
+    STAGE_QUEUED,
+    SchedulerCounters,
+    number,
+)
 from tracer.ray.timeline.stages import Stage, Stages
 
 __all__ = [
@@ -83,18 +92,6 @@ CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
 _T = TypeVar("_T", bound="TimelineTask")
 
 logger = logging.getLogger("tracer")
-
-# The Scheduler's tracks, top down (every one ranked: the UI puts unranked siblings of an
-# explicitly ordered track before the ranked ones, in the order they were declared, so a
-# producer's counters declared on first use came out mixed in with the rest): the loop
-# (0), the run's tasks in flight (1), each stage's tasks in flight, queued blocks and
-# backpressure (in that order, stage by stage), what the run holds of the object store,
-# then what is left of the cluster's resources.
-_RANK_STAGE_INFLIGHT = 2
-_MAX_STAGE_RANK = 100_000
-_STAGE_COUNTERS = 3  # per stage: tasks in flight, queued blocks, backpressured
-_RANK_AVAILABLE = 1_000_000
-
 
 class TimelineTask:
     """What the timeline keeps of one task while it is open.
@@ -134,18 +131,6 @@ class TimelineTask:
         self.ray_states_drawn = False
         self.released = False
         self.attempt = 0
-
-
-class ActorStart:
-    """One actor of a stage's pool while it starts (:meth:`RunTimeline.actor_starting`)."""
-
-    __slots__ = ("ended", "lane", "stage_id", "ts")
-
-    def __init__(self, stage_id: Any, lane: Track, ts: int) -> None:
-        self.stage_id = stage_id
-        self.lane = lane
-        self.ts = ts
-        self.ended = False
 
 
 class RunTimeline:
@@ -189,17 +174,6 @@ class RunTimeline:
             description="Waves of the loop: polling the plan, batching, dispatching, awaiting",
         )
         self.loop_pid, self.loop_tid = pid, tid
-        self._inflight = w.counter_track(L.COUNTER_INFLIGHT, parent=self.scheduler, rank=1)
-        self._avail_cpus = w.counter_track(
-            L.COUNTER_AVAILABLE_CPUS, parent=self.scheduler, rank=_RANK_AVAILABLE
-        )
-        self._avail_gpus = w.counter_track(
-            L.COUNTER_AVAILABLE_GPUS, parent=self.scheduler, rank=_RANK_AVAILABLE + 1
-        )
-        self._avail_mem = w.counter_track(
-            L.COUNTER_AVAILABLE_MEMORY, parent=self.scheduler, unit="bytes",
-            rank=_RANK_AVAILABLE + 2,
-        )
         self._tasks_root = w.track(
             L.TASKS_TRACK, parent=self.root, rank=1, merge=False, child_ordering="explicit",
             description="Each task from its creation to its receipt by the runner, "
@@ -210,6 +184,7 @@ class RunTimeline:
             description="Each stage from its first task's creation to its last task's end; "
             "arrows from each task's launch to its execution",
         ))
+        self.counters = SchedulerCounters(w, self.scheduler, self.stages, cluster_resources)
         self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
         self._ray = RayPhases(w, self.nodes, self._tasks_root)
@@ -233,37 +208,11 @@ class RunTimeline:
         #: operator without one its average output's size (16 B to ~128 MiB), and level
         #: 1's whole-worker peaks then flagged every task of every pipeline "over".
         self.adopt_ray_reservation = True
-        # Counters a producer samples with figures of its own (declared on first use).
-        self._stage_counters: dict[tuple[Any, int], CounterTrack] = {}
-        self._avail_object_store: CounterTrack | None = None
-        self._object_store_used: CounterTrack | None = None
-        # The driver's Python GC (see tracer.ray.driver_gc): its track declared at the
-        # first long pause; recording stops at the run's end, or when the timeline goes.
-        self._gc: DriverGC | None = None
-        self._gc_track: Track | None = None
-        if driver_gc:
-            self._gc = DriverGC()
-            self._gc.start()
-            weakref.finalize(self, self._gc.stop)
-
-        totals = cluster_resources or {}
-        self._total_cpus = float(totals.get("CPU", 0.0))
-        self._total_gpus = float(totals.get("GPU", 0.0))
-        self._total_mem = float(totals.get("memory", 0.0))
-        self._used_cpus = 0.0
-        self._used_gpus = 0.0
-        self._used_mem = 0.0
-        # Tasks dispatched and not done: drawn as *tasks in flight* at each sample of
-        # the resources for a runner that does not count them itself (Daft's loop).
-        self._in_flight = 0
-        self._dispatched_any = False  # (before, the runner may not have counted yet)
-        self._producer_counts_in_flight = False
-        self._resources_changed = False  # a task dispatched or released since the sample
-
         #: When the run's slice began: nothing of the run is drawn before it.
         self.start_ts = w.now()
-        # Each stage's free 'actors starting' lanes, with when their last slice ended.
-        self._actor_lanes: dict[Any, list[tuple[Track, int]]] = {}
+        self._actors = ActorStarts(w, self.stages, self.start_ts)
+        # The driver's Python GC: recorded until the run's end, or the timeline goes.
+        self._gc = GCPauses(w, self.loop) if driver_gc else None
         w.begin(
             self.loop,
             L.SLICE_EXECUTION,
@@ -288,54 +237,37 @@ class RunTimeline:
 
     def count_inflight(self, count: int) -> None:
         """The runner's own count of its tasks in flight (from then on the only one drawn)."""
-        self._producer_counts_in_flight = True
-        self.writer.counter(self._inflight, count)
+        self.counters.count_inflight(count)
 
     def sample_resources(self) -> None:
-        """Sample the available CPUs, GPUs and memory: totals less what dispatched tasks
-        hold, never below 0.
-
-        A runner may dispatch more than the cluster holds (Daft keeps ~90 tasks
-        a CPU in flight): the rest wait in Ray's queue, which *tasks in flight*
-        shows; "-179 CPUs available" read as a bug. A runner that does not count
-        its tasks in flight gets the timeline's count (dispatched, not done) here.
-        """
-        self._resources_changed = False
-        w = self.writer
-        if self._total_cpus:
-            w.counter(self._avail_cpus, _num(max(0.0, self._total_cpus - self._used_cpus)))
-        if self._total_gpus:
-            w.counter(self._avail_gpus, _num(max(0.0, self._total_gpus - self._used_gpus)))
-        if self._total_mem:
-            w.counter(self._avail_mem, int(max(0.0, self._total_mem - self._used_mem)))
-        if not self._producer_counts_in_flight and self._dispatched_any:
-            w.counter(self._inflight, self._in_flight)
+        """Sample the available CPUs, GPUs and memory: the cluster's totals less what
+        dispatched tasks hold, never below 0 (see :meth:`.SchedulerCounters.sample`)."""
+        self.counters.sample()
 
     def sample_resources_if_changed(self) -> None:
         """:meth:`sample_resources` if a task was dispatched or released since the last
         sample: for a producer to call at each phase of its loop, so that the counters
         follow the dispatches and receipts within a phase (a wave's end alone leaves
         them a wave late where a loop dispatches at a wave's start and then waits)."""
-        if self._resources_changed:
-            self.sample_resources()
+        self.counters.sample_if_changed()
 
     def count_stage_inflight(self, stage_id: Any, count: int) -> None:
         """Tasks of one stage in flight: a counter per stage under the Scheduler
         (``COUNTER_STAGE_INFLIGHT``), next to the run's *tasks in flight*."""
-        self.writer.counter(self._stage_counter(stage_id, 0), count)
+        self.counters.count_stage(stage_id, STAGE_INFLIGHT, count)
 
     def count_stage_queued(self, stage_id: Any, blocks: int, stage_name: str | None = None) -> None:
         """Blocks queued at one stage's input (``COUNTER_STAGE_QUEUED``), as the producer's
         scheduler counts them; a stage's counter is declared at its first sample (named
         with ``stage_name`` if its first task is still to come)."""
-        self.writer.counter(self._stage_counter(stage_id, 1, stage_name), blocks)
+        self.counters.count_stage(stage_id, STAGE_QUEUED, blocks, stage_name)
 
     def count_stage_backpressured(
         self, stage_id: Any, held_back: bool, stage_name: str | None = None
     ) -> None:
         """Whether the producer's scheduler holds one stage back now
         (``COUNTER_STAGE_BACKPRESSURED``: 1 or 0)."""
-        self.writer.counter(self._stage_counter(stage_id, 2, stage_name), int(held_back))
+        self.counters.count_stage(stage_id, STAGE_BACKPRESSURED, int(held_back), stage_name)
 
     def stage_figures(self, stage_id: Any, args: dict[str, Any]) -> None:
         """Annotations of the stage's slice (its END), the producer's own figures of it
@@ -344,29 +276,6 @@ class RunTimeline:
         stage = self.stages.get(stage_id)
         if stage is not None and not stage.written:
             stage.end_args.update(args)
-
-    def _stage_counter(self, stage_id: Any, kind: int, name: str | None = None) -> CounterTrack:
-        """One of a stage's counters under the Scheduler (0: tasks in flight, 1: queued
-        blocks, 2: backpressured), declared on first use."""
-        key = (stage_id, kind)
-        track = self._stage_counters.get(key)
-        if track is None:
-            stage = self.stages.get(stage_id)
-            label = (stage.track.name if stage is not None
-                     else f"{stage_id}: {name}" if name else f"{stage_id}")
-            # After the run's count, stage by stage in the stages' order (ids are the order
-            # for both producers; any other id in the order of first use).
-            n = len(self._stage_counters)
-            rank = _RANK_STAGE_INFLIGHT + kind + _STAGE_COUNTERS * (
-                stage_id if isinstance(stage_id, int) and 0 <= stage_id < _MAX_STAGE_RANK
-                else _MAX_STAGE_RANK + n
-            )
-            name = (L.COUNTER_STAGE_INFLIGHT, L.COUNTER_STAGE_QUEUED,
-                    L.COUNTER_STAGE_BACKPRESSURED)[kind]
-            track = self._stage_counters[key] = self.writer.counter_track(
-                name.format(stage=label), parent=self.scheduler, rank=rank
-            )
-        return track
 
     def sample_available(
         self,
@@ -382,85 +291,23 @@ class RunTimeline:
         producer uses one or the other), plus *available object store memory*.
         None: not known, not sampled. Like every counter, a sample equal to the
         last is not written."""
-        w = self.writer
-        if cpus is not None:
-            w.counter(self._avail_cpus, _num(cpus))
-        if gpus is not None:
-            w.counter(self._avail_gpus, _num(gpus))
-        if memory is not None:
-            w.counter(self._avail_mem, int(memory))
-        if object_store_memory is not None:
-            track = self._avail_object_store
-            if track is None:
-                track = self._avail_object_store = w.counter_track(
-                    L.COUNTER_AVAILABLE_OBJECT_STORE, parent=self.scheduler, unit="bytes",
-                    rank=_RANK_AVAILABLE + 3,
-                )
-            w.counter(track, int(object_store_memory))
+        self.counters.sample_available(cpus, gpus, memory, object_store_memory)
 
     def count_object_store_used(self, nbytes: int) -> None:
         """Object-store memory held by the run's data, as the producer's scheduler counts
         it (``COUNTER_OBJECT_STORE_USED``)."""
-        track = self._object_store_used
-        if track is None:
-            track = self._object_store_used = self.writer.counter_track(
-                L.COUNTER_OBJECT_STORE_USED, parent=self.scheduler, unit="bytes",
-                rank=_RANK_AVAILABLE - 1,
-            )
-        self.writer.counter(track, int(nbytes))
+        self.counters.count_object_store_used(nbytes)
 
     def draw_driver_gc(self) -> None:
-        """Draw the driver's long GC pauses recorded since the last call (at each flush).
-
-        On a track of their own under the loop: a pause may begin inside one of
-        the loop's slices and end after it in the same microsecond, which would
-        break their nesting on one track.
-        """
-        gc_ = self._gc
-        if gc_ is None:
-            return
-        pauses = gc_.take()
-        if not pauses:
-            return
-        w = self.writer
-        track = self._gc_track
-        if track is None:
-            track = self._gc_track = w.track(
-                L.DRIVER_GC_TRACK, parent=self.loop, merge=False,
-                description="Collections of the driver's Python garbage collector that "
-                f"took {gc_.min_pause_ns / 1e6:g} ms or more: it holds the GIL, so the "
-                "dispatch loop stood still meanwhile, whichever thread set it off",
-            )
-        with self.late_batch():
-            for p in pauses:
-                w.complete(
-                    track, f"{L.SLICE_GC_PREFIX}{p.generation})", p.start_ns, p.end_ns,
-                    category=L.CAT_SCHEDULER,
-                    args={L.ARG_GC_GENERATION: p.generation, L.ARG_GC_COLLECTED: p.collected,
-                          L.ARG_GC_UNCOLLECTABLE: p.uncollectable, L.ARG_GC_THREAD: p.thread},
-                )
+        """Draw the driver's long GC pauses recorded since the last call (at each flush)."""
+        if self._gc is not None:
+            self._gc.draw()
 
     def stop_driver_gc(self) -> None:
         """Stop recording the driver's GC (tracing stopped after an error; the run's end
         does it itself)."""
         if self._gc is not None:
             self._gc.stop()
-
-    def _driver_gc_args(self) -> dict[str, int]:
-        """The run's GC totals (on its slice's END), the last pauses drawn; recording stops."""
-        gc_ = self._gc
-        if gc_ is None:
-            return {}
-        gc_.stop()
-        self.draw_driver_gc()
-        args = {
-            L.ARG_DRIVER_GC_COLLECTIONS: gc_.collections,
-            L.ARG_DRIVER_GC_NS: gc_.total_ns,
-            L.ARG_DRIVER_GC_LONGEST_NS: gc_.longest_ns,
-        }
-        if gc_.dropped:
-            args[L.ARG_DRIVER_GC_DROPPED] = gc_.dropped
-        return args
 
     def lost(self, task_id: str, why: str) -> None:
         """A task's measurements will never arrive (counted on the execution slice at the end)."""
@@ -534,13 +381,7 @@ class RunTimeline:
         """Submitted to Ray: its ``dispatched`` slice begins; it holds its request from now."""
         task.dispatch_ts = ts
         self.writer.begin(task.lane, L.SLICE_DISPATCHED, ts, category=L.CAT_TASK)
-        req = task.request
-        self._used_cpus += req.num_cpus or 0
-        self._used_gpus += req.num_gpus or 0
-        self._used_mem += req.memory_bytes or 0
-        self._in_flight += 1
-        self._dispatched_any = True
-        self._resources_changed = True
+        self.counters.hold(task.request)
 
     def task_ended(self, task: TimelineTask, ts: int, args: dict[str, Any] | None) -> None:
         """The runner is done with the task (received, failed, cancelled...): its slices end."""
@@ -565,12 +406,7 @@ class RunTimeline:
         task.released = True
         self._free_lanes.append((task.lane, ts))
         if task.dispatch_ts is not None:
-            req = task.request
-            self._used_cpus -= req.num_cpus or 0
-            self._used_gpus -= req.num_gpus or 0
-            self._used_mem -= req.memory_bytes or 0
-            self._in_flight -= 1
-            self._resources_changed = True
+            self.counters.give_back(task.request)
 
     # ------------------------------------------------------------ executions
 
@@ -617,7 +453,7 @@ class RunTimeline:
             args[L.ARG_RAY_TASK_ID] = m["ray_task_id"]
         if m.get("assigned_resources"):
             args[L.ARG_ASSIGNED_RESOURCES] = {
-                k: _num(v) for k, v in m["assigned_resources"].items()
+                k: number(v) for k, v in m["assigned_resources"].items()
             }
         if m.get("attempt"):
             args[L.ARG_RAY_ATTEMPT] = int(m["attempt"])
@@ -695,8 +531,7 @@ class RunTimeline:
         """Ray reserved ``reserved`` bytes for ``task``, created with ``runner``."""
         task.request = dataclasses.replace(task.request, memory_bytes=reserved)
         if task.dispatch_ts is not None and not task.released:  # it holds Ray's from now
-            self._used_mem += reserved - runner
-            self._resources_changed = True
+            self.counters.memory_held_differs(reserved - runner)
         if stage is not None:
             stage.request_fixes.append((runner, reserved))
         self.request_mismatches += 1
@@ -863,38 +698,14 @@ class RunTimeline:
         ends it. An actor created before the run began (as its operator started) is drawn
         from the run's start, ``began_before_run_ns`` saying by how much. ``args``: more
         annotations (``actor_id``)."""
-        begin: dict[str, Any] = {
-            L.ARG_STAGE_ID: stage_id, L.ARG_STAGE: stage_name or f"stage {stage_id}",
-        }
-        if args:
-            begin.update(args)
-        if ts < self.start_ts:
-            begin[L.ARG_BEGAN_BEFORE_RUN] = self.start_ts - ts
-            ts = self.start_ts
-        free = self._actor_lanes.setdefault(stage_id, [])
-        lane = None
-        for i, (_track, released) in enumerate(free):
-            if released < ts:  # a lane is reused only after its last slice ended
-                lane = free.pop(i)[0]
-                break
-        if lane is None:
-            lane = self.writer.track(
-                L.ACTOR_START_TRACK, parent=self.stages.track(stage_id, stage_name), rank=0
-            )
-        self.writer.begin(lane, L.SLICE_ACTOR_STARTING, ts, category=L.CAT_STAGE, args=begin)
-        return ActorStart(stage_id, lane, ts)
+        return self._actors.starting(stage_id, stage_name, ts, args)
 
     def actor_started(
         self, start: ActorStart, ts: int, args: dict[str, Any] | None = None
     ) -> None:
         """The actor ``start`` is ready at ``ts`` (or, with ``args``' ``status``, never will
         be: failed, released, unfinished): its slice ends (once)."""
-        if start.ended:
-            return
-        start.ended = True
-        ts = max(ts, start.ts)
-        self.writer.end(start.lane, ts, args=args)
-        self._actor_lanes.setdefault(start.stage_id, []).append((start.lane, ts))
+        self._actors.started(start, ts, args)
 
     # ------------------------------------------------------------ stages, end
 
@@ -931,7 +742,8 @@ class RunTimeline:
         if self.memray_per_task:
             end_args[L.ARG_MEMRAY_PER_TASK] = self.memray_per_task
             end_args[L.ARG_MEMRAY_PER_TASK_REASON] = self.memray_per_task_reason or ""
-        end_args.update(self._driver_gc_args())
+        if self._gc is not None:
+            end_args.update(self._gc.totals())
         self.writer.end(self.loop, ts, args={**end_args, **(args or {})})
 
     def ray_events_read(self, ts: int | None, source: str | None = None) -> None:
@@ -969,8 +781,3 @@ def _reserved_memory(m: Measurements) -> int | None:
         return int(float(resources.get("memory") or 0))
     except (TypeError, ValueError):
         return None
-
-
-def _num(value: Any) -> int | float:
-    f = float(value)
-    return int(f) if f.is_integer() else f
