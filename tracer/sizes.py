@@ -4,7 +4,9 @@ For memory budgets (``tracer.testing``) and command-line options
 (``tracer memory --node-memory``). The units follow pytest-memray's
 ``limit_memory``, the model users of memory-budget tests know: ``KB``,
 ``MB``, ... are powers of 1024, like ``KiB``, ``MiB``, ... (a budget written
-for one means the same in the other). Parsing is strict: a number, optional
+for one means the same in the other), and so are the one-letter ``K``, ``M``,
+``G``, ... of ``docker --memory 4g`` and ``free -h`` and Kubernetes' ``Gi``
+(``--node-memory 4G`` was refused, and meant nothing else). Parsing is strict: a number, optional
 spaces, one of the units, nothing else; anything else is an
 :class:`InvalidSizeError` that names what was given and what is accepted.
 Stdlib only: the pytest plugin imports this in every test session.
@@ -19,20 +21,18 @@ from tracer.errors import InvalidArgumentError
 
 __all__ = ["UNITS", "InvalidSizeError", "format_size", "parse_size"]
 
-#: Multipliers, by unit in upper case. KB and KiB are both 1024 bytes (pytest-memray's rule).
-UNITS: dict[str, int] = {
-    "B": 1,
-    "KB": 1 << 10, "KIB": 1 << 10,
-    "MB": 1 << 20, "MIB": 1 << 20,
-    "GB": 1 << 30, "GIB": 1 << 30,
-    "TB": 1 << 40, "TIB": 1 << 40,
-    "PB": 1 << 50, "PIB": 1 << 50,
-}
+#: Multipliers, by unit in upper case. KB, KiB, K and Ki are all 1024 bytes (pytest-memray's
+#: rule for KB; K as docker and free(1) mean it, Ki as Kubernetes does).
+UNITS: dict[str, int] = {"B": 1}
+for _power, _letter in enumerate("KMGTP", start=1):
+    for _unit in (f"{_letter}B", f"{_letter}IB", _letter, f"{_letter}I"):
+        UNITS[_unit] = 1 << (10 * _power)
+del _power, _letter, _unit
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]+)\s*", re.ASCII)
 _ACCEPTED = (
-    "a number and a unit, e.g. '512 MiB', '1.5GB', '100 KB' (units B, KB, MB, GB, TB, PB "
-    "or KiB, MiB, GiB, TiB, PiB; KB = KiB = 1024 bytes)"
+    "a number and a unit, e.g. '512 MiB', '1.5GB', '100 KB', '4G' (units B, KB, MB, GB, TB, "
+    "PB, or KiB, MiB, ..., or K, M, G, T, P; KB = KiB = K = 1024 bytes)"
 )
 
 

@@ -26,6 +26,10 @@ MIB = 1 << 20
         ("0 B", 0),
         ("2 TiB", 2 << 40),
         ("1 PB", 1 << 50),
+        ("4G", 4 << 30),  # as docker --memory and free -h write it
+        ("1 M", MIB),
+        ("16k", 16 << 10),
+        ("2Gi", 2 << 30),  # as Kubernetes does
         (4096, 4096),
     ],
 )
@@ -35,7 +39,7 @@ def test_sizes(text: Any, expected: int) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["512", "MiB", "-1 MiB", "1 MiBs", "1e3 MB", "1,5 GB", "", "1 M", "1 MiB extra",
+    ["512", "MiB", "-1 MiB", "1 MiBs", "1e3 MB", "1,5 GB", "", "1 X", "1 MiBB", "1 MiB extra",
      "\uff11 MiB", "1 mb/s", "nan MB", "inf GiB", "1..5 MB", "+1 MB"],
 )
 def test_not_sizes(bad: str) -> None:
