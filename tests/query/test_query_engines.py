@@ -53,7 +53,7 @@ def test_every_analysis_ships_as_a_sql_file() -> None:
     assert "debug.task_id" in sql_text(TABLES)
 
 
-NONE_HERE = ("memory_flagged", "actor_starts", "stage_queues", "task_failures")
+NONE_HERE = ("memory_flagged", "actor_starts", "stage_queues", "task_failures", "task_retries")
 
 
 @pytest.mark.parametrize("trace", TRACES)

@@ -18,7 +18,7 @@ from tracer.format.reader import read_trace
 from tracer.ray import layout as L
 from tracer.ray import wait_for_traces
 
-CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION}
+CATEGORIES = {L.CAT_SCHEDULER, L.CAT_TASK, L.CAT_STAGE, L.CAT_EXECUTION, L.CAT_ATTEMPT}
 LOOP_CHILDREN = {
     L.SLICE_PLAN_POLLING,
     L.SLICE_BATCHING,

@@ -208,7 +208,8 @@ def test_the_trace_shows_the_kill_where_it_happened(oom: dict[str, Any]) -> None
     # The summary says it too, where a failed task would otherwise look like any other.
     out = subprocess.run([sys.executable, "-m", "tracer", "summary", str(oom["trace"]),
                           "--engine", "reader"], capture_output=True, text=True, check=True)
-    assert "Killed by Ray's OOM killer: 1 of 'hog'; `tracer memory " in out.stdout, out.stdout
+    assert ("Killed by Ray's OOM killer (tasks, or an attempt Ray ran again): 1 of 'hog'; "
+            "`tracer memory ") in out.stdout, out.stdout
     assert ("The Ray worker using the most memory at a kill, by Ray's report: ray::hog "
             f"(pid {pid}, ") in out.stdout, out.stdout
 

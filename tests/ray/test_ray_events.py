@@ -838,10 +838,29 @@ def test_a_failure_known_only_from_rays_text_names_what_the_body_raised() -> Non
     frameless = "User exception:\n_\n    res = f(batch)\n" + wrapper
     cut = failed("TASK_EXECUTION_EXCEPTION", frameless)
     assert (cut.error_type, cut.error) == ("RayTaskError", frameless)
-    oom = "Task was killed due to the node running low on memory.\nMemory on the node ..."
+    # Ray's OOM report: in a line, as the driver's error reads, its first line and the
+    # kill's reason; what it says of the kill as figures (Ray 2.60's text, cut).
+    oom = (
+        "1 worker(s) were killed due to the node running low on memory. Memory on the node "
+        "(IP: 192.0.2.2, ID: 7cadfe99) was 7.10GB used / 23.54GB limit (0.301466)\n"
+        "OOM kill reason: Memory usage 7611600896B exceeded threshold of 7582855168B\n"
+        "Object store memory usage: [- objects spillable: 0\n]\n"
+        "Selected to kill: (Task: task name=flaky, required resources={CPU: 1}, "
+        "pid=9431, actual memory used=6.10GB)\n"
+        "Top 10 memory users: PID\tMEM(GB)\tCOMMAND\n9431\t6.10\tray::flaky\n"
+        "9143\t0.10\tpython job.py\n")
     killed = failed("OUT_OF_MEMORY", oom)
-    assert (killed.error_type, killed.error, killed.failed_in_worker) == (
-        "OutOfMemoryError", oom, False)
+    assert (killed.error_type, killed.failed_in_worker) == ("OutOfMemoryError", False)
+    assert killed.error == (
+        "1 worker(s) were killed due to the node running low on memory. Memory on the node "
+        "(IP: 192.0.2.2, ID: 7cadfe99) was 7.10GB used / 23.54GB limit (0.301466) "
+        "OOM kill reason: Memory usage 7611600896B exceeded threshold of 7582855168B")
+    gb = 1 << 30
+    assert killed.oom_killed == ((9431, int(6.10 * gb)),)
+    assert killed.oom_used == int(6.10 * gb)  # (the event names no worker: the one killed)
+    assert killed.oom_top == ((9431, int(6.10 * gb), "ray::flaky"),
+                              (9143, int(0.10 * gb), "python job.py"))
+    assert failed("WORKER_DIED", "crashed").oom_used == 0  # (no OOM report)
     assert failed("TASK_CANCELLED", "cancelled").failed_in_worker
     unreadable = failed("TASK_EXECUTION_EXCEPTION", "RayTaskError(ValueError): bad")
     assert (unreadable.error_type, unreadable.error) == (

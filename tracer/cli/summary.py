@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         actors = q.actor_starts()
         queues = q.stage_queues()
         failures = q.task_failures()
+        retries = q.task_retries()
         latency = q.latency_by_stage()
         loop = q.dispatch_loop()
         util = q.worker_utilisation(args.buckets)
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 "actor_starts": records(actors),
                 "stage_queues": records(queues),
                 "task_failures": records(failures),
+                "task_retries": records(retries),
                 "latency_by_stage": records(latency),
                 "dispatch_loop": records(loop),
                 "worker_utilisation": records(util),
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     style = Style.for_stream(sys.stdout)
     print(render(args.trace, engine, info, stages, latency, loop, util, style, killed,
                  largest, [(str(s), int(n)) for s, n in unfinished.items()], actors, queues,
-                 failures))
+                 failures, retries))
     return 0
 
 
@@ -107,6 +109,39 @@ def _error_line(error_type: Any, error: Any) -> str:
     if kind and text.startswith(f"{kind}: "):
         text = text[len(kind) + 2:]
     return f"{kind}: {text}" if kind and text else kind or text
+
+
+#: The retried tasks the summary lists (all are in --json and TraceQuery.task_retries()).
+RETRIES_SHOWN = 10
+
+
+def _retries(retries: pd.DataFrame, style: Style) -> str:
+    """Which tasks Ray ran again, and why: an OOM kill that Ray retried was nowhere in the
+    summary (its run looked slow in Ray's queue, and its memory fine)."""
+    rows = []
+    for row in records(retries)[:RETRIES_SHOWN]:
+        why = str(row["error_type"] or "")
+        if row["memory_at_kill"] is not None:
+            why = f"{why} at {fmt_bytes(row['memory_at_kill'], style)}"
+        if not why and row["unmeasured_attempts"]:
+            why = "not measured (its worker died: crashed, killed or lost with its node)"
+        rows.append({**row, "why": why or "-"})
+    shown = f"the first {RETRIES_SHOWN} of {len(retries)}" if len(retries) > len(rows) \
+        else f"{len(rows)}"
+    return render_table(
+        f"Retried tasks: Ray ran them again ({shown}; --json has them all)",
+        [
+            name_column("task", "task_id"),
+            name_column("stage", "stage"),
+            Column("status", "status", right=False),
+            Column("attempts", "ray_attempts", fmt_count),
+            Column("why an attempt failed", "why", right=False, max_width=80),
+            name_column("ran last on", "node"),
+        ],
+        rows,
+        style,
+    ) + ("\nTheir scheduling time includes the attempts that failed."
+         if any(r["status"] == "ok" for r in rows) else "")
 
 
 #: The failed tasks the summary lists (all are in --json and TraceQuery.task_failures()).
@@ -202,6 +237,7 @@ def render(
     actors: pd.DataFrame | None = None,
     queues: pd.DataFrame | None = None,
     failures: pd.DataFrame | None = None,
+    retries: pd.DataFrame | None = None,
 ) -> str:
     """The summary as text; ``oom_killed``: tasks Ray's OOM killer killed, by stage;
     ``largest_at_kill``: the Ray worker using the most memory at a kill (a row of
@@ -210,7 +246,8 @@ def render(
     (:meth:`~tracer.query.TraceQuery.actor_starts`); ``queues``: the stages' queued
     blocks and backpressure (:meth:`~tracer.query.TraceQuery.stage_queues`); ``failures``:
     the task attempts that failed or were cancelled
-    (:meth:`~tracer.query.TraceQuery.task_failures`)."""
+    (:meth:`~tracer.query.TraceQuery.task_failures`); ``retries``: the tasks Ray ran
+    again (:meth:`~tracer.query.TraceQuery.task_retries`)."""
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -237,11 +274,11 @@ def render(
     if unfinished:  # (not failed, not done: a run that stopped, or a cut trace)
         said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in unfinished)
         parts[-1] += f"\nUnfinished (in flight when the trace ended): {said}"
-    if oom_killed:  # (among the failed: say so, its memory figures are elsewhere)
+    if oom_killed:  # (failed or retried: say so, its memory figures are elsewhere)
         said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in oom_killed)
         parts[-1] += (
-            f"\nKilled by Ray's OOM killer: {said}; `tracer memory {trace}` says where "
-            "and the memory they used"
+            f"\nKilled by Ray's OOM killer (tasks, or an attempt Ray ran again): {said}; "
+            f"`tracer memory {trace}` says where and the memory they used"
         )
         if largest_at_kill is not None:
             parts[-1] += (
@@ -251,6 +288,8 @@ def render(
             )
     if failures is not None and not failures.empty:
         parts.append(_failures(failures, style))
+    if retries is not None and not retries.empty:
+        parts.append(_retries(retries, style))
     loop_rows = records(loop)
     span = sum(r["total_ns"] or 0 for r in loop_rows)
     if actors is not None and not actors.empty:

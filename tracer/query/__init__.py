@@ -20,6 +20,8 @@ with pandas DataFrames:
   (Ray Data), the most blocks queued at once and the time held back;
 * :meth:`~TraceQuery.task_failures`: the task attempts that failed or were
   cancelled, with their errors;
+* :meth:`~TraceQuery.task_retries`: the tasks Ray ran more than once, and why
+  (an OOM kill Ray retried, with the memory at the kill);
 * :meth:`~TraceQuery.memory_suggestions`: the ``memory=`` each stage should
   request (:mod:`tracer.query.suggest`);
 * :meth:`~TraceQuery.query`: any SQL, in trace_processor.

@@ -216,6 +216,7 @@ def latency_rows(rows: TraceRows) -> Latency:
     ray_states = rows.ray_states
     kill_candidates = rows.kill_candidates
     marks = rows.marks
+    retried_kills = rows.retried_kills
     out: Latency = []
     for t in tasks:
         t_id, created, task_id, attempt, stage_id, stage, status, requested, at_kill, received, \
@@ -239,6 +240,10 @@ def latency_rows(rows: TraceRows) -> Latency:
                 at_kill = ran_in[states[2]]
                 if worker is None:
                     worker = f"{L.WORKER_THREAD_PREFIX} {states[2]}"
+        if retried_kills:
+            retried = retried_kills.get(task_id)
+            if retried is not None and (at_kill is None or retried > at_kill):
+                at_kill = retried  # an attempt Ray ran again, killed using more
         if status is not None:
             final_status = status
         elif m_status is not None:
@@ -353,6 +358,51 @@ def task_failures(rows: TraceRows) -> list[Row]:
         for _, _, task_id, attempt, stage_id, stage, status, error_type, error
         in sorted(rows.failures, key=lambda r: (r[0], r[1]))
     ]
+
+
+def task_retries(rows: TraceRows) -> list[Row]:
+    """``task_retries.sql``."""
+    # task_id -> (the highest Ray attempt of its executions, its last execution's node)
+    ran: dict[Any, tuple[int, Any]] = {}
+    attempts = rows.execution_attempts
+    for e in rows.executions:  # in (start_ts, id) order: the last one's node stays
+        before = ran.get(e[2])
+        highest = max(before[0] if before else 0, _int(attempts.get(e[0])))
+        ran[e[2]] = (highest, e[9])
+    # task_id -> (failed attempts seen, the first one's error type, the largest kill)
+    failed: dict[Any, tuple[int, Any, Any]] = {}
+    for task_id, _, _, error_type, used in sorted(rows.retried_marks, key=lambda m: (m[1], m[2])):
+        seen = failed.get(task_id)
+        if seen is None:
+            failed[task_id] = (1, error_type, used)
+        else:
+            largest = seen[2] if used is None or (seen[2] is not None and seen[2] >= used) \
+                else used
+            failed[task_id] = (seen[0] + 1, seen[1], largest)
+    out: list[Row] = []
+    for t in rows.tasks:  # in (created_ts, id) order
+        said = rows.task_attempts.get(t[0])
+        execution = ran.get(t[2])
+        marks = failed.get(t[2])
+        count = max(_int(said[0]) if said else 1, execution[0] + 1 if execution else 1,
+                    marks[0] + 1 if marks else 1)
+        if count < 2:
+            continue
+        out.append({
+            "task_id": t[2], "attempt": t[3], "stage_id": t[4], "stage": t[5],
+            "status": "ok" if t[6] is None else t[6], "ray_attempts": count,
+            "unmeasured_attempts": said[1] if said else None,
+            "failed_attempts_seen": marks[0] if marks else 0,
+            "error_type": marks[1] if marks else None,
+            "memory_at_kill": marks[2] if marks else None,
+            "node": execution[1] if execution else None,
+        })
+    return out
+
+
+def _int(value: Any) -> int:
+    """An attempt count as an int (0 where it is not one)."""
+    return value if isinstance(value, int) and value.__class__ is not bool else 0
 
 
 def latency_by_stage(latency: Latency) -> list[Row]:
@@ -511,7 +561,10 @@ def memory_flagged(latency: Latency) -> list[Row]:
         if not killed and not _over_request(r):
             continue
         requested = r[MEM_REQUESTED]
-        peak = r[MEM_PEAK] if r[MEM_PEAK] is not None else r[MEM_AT_KILL]
+        # The larger of its measured peak and its memory at a kill (an attempt Ray ran
+        # again may have been killed using more than the attempt that was measured).
+        at_kill = killed and (r[MEM_PEAK] is None or r[MEM_AT_KILL] > r[MEM_PEAK])
+        peak = r[MEM_AT_KILL] if at_kill else r[MEM_PEAK]
         has_request = requested is not None and requested > 0
         out.append(
             {
@@ -524,7 +577,7 @@ def memory_flagged(latency: Latency) -> list[Row]:
                 "reason": "oom killed" if killed else "over request",
                 "requested_bytes": requested,
                 "peak_bytes": peak,
-                "peak_source": r[PEAK_SOURCE] if r[MEM_PEAK] is not None else "at kill",
+                "peak_source": "at kill" if at_kill else r[PEAK_SOURCE],
                 "excess_bytes": _sub(peak, requested) if has_request else None,
                 "ratio": peak / requested if has_request and peak is not None else None,
             }

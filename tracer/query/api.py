@@ -346,6 +346,14 @@ class TraceQuery:
         their stage, ``status`` and the error (``error_type``, ``error``) as recorded."""
         return self._analysis("task_failures", lambda: analyses.task_failures(self._reader_rows()))
 
+    def task_retries(self) -> pd.DataFrame:
+        """The tasks Ray ran more than once (an OOM-killed or crashed worker, a lost node,
+        ``retry_exceptions``), whatever became of them: ``ray_attempts``, the attempts seen
+        to fail (``failed_attempts_seen``, from Ray's events: the first one's
+        ``error_type``, the largest ``memory_at_kill``) and the ``node`` it ran on last.
+        An OOM kill that Ray retried counts in the memory tables too."""
+        return self._analysis("task_retries", lambda: analyses.task_retries(self._reader_rows()))
+
     def memory_by_stage(self) -> pd.DataFrame:
         """Per stage: requested vs measured peak memory, tasks over their request."""
         return self._analysis(

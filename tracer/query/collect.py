@@ -129,6 +129,15 @@ class TraceRows(TraceVisitor):
         #: Task attempts that failed or were cancelled: (created_ts, id, task_id, attempt,
         #: stage_id, stage, status, error_type, error).
         self.failures: list[tuple[Any, ...]] = []
+        #: Task slices that say Ray retried them: id -> (ray_attempts, unmeasured_attempts).
+        self.task_attempts: dict[int, tuple[Any, Any]] = {}
+        #: Executions of a retry (Ray's attempt > 0): id -> that attempt.
+        self.execution_attempts: dict[int, Any] = {}
+        #: Tasks with an attempt Ray's OOM killer killed and Ray ran again: task_id -> the
+        #: largest memory at such a kill.
+        self.retried_kills: dict[Any, Any] = {}
+        #: Those attempts' marks: (task_id, ts, id, error_type, memory at the kill or None).
+        self.retried_marks: list[tuple[Any, int, int, Any, Any]] = []
         # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
         self._children: dict[int, list[int]] = {}
         self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
@@ -259,7 +268,16 @@ class TraceRows(TraceVisitor):
 
     def instant(self, i: ScannedInstant) -> None:
         if i.category == L.CAT_EXECUTION and i.name in _MARK_NAMES:
-            self._marks.append((arg(i.args, L.ARG_TASK_ID), i.ts, i.track_uuid))
+            task_id = arg(i.args, L.ARG_TASK_ID)
+            self._marks.append((task_id, i.ts, i.track_uuid))
+            if i.name == L.INSTANT_TASK_FAILED and arg(i.args, L.ARG_RETRIED) is not None:
+                used = byte_amount(i.args, L.ARG_MEMORY_AT_KILL)
+                self.retried_marks.append(
+                    (task_id, i.ts, i.id, arg(i.args, L.ARG_ERROR_TYPE), used))
+                if used is not None:  # as tracer_retried_kill: the largest of a task's
+                    old = self.retried_kills.get(task_id)
+                    if old is None or used > old:
+                        self.retried_kills[task_id] = used
         elif i.name == L.INSTANT_RAY_EVENTS and i.category == L.CAT_SCHEDULER:
             key = (i.ts, i.id)
             if self._ray_events_key is None or key < self._ray_events_key:
@@ -293,6 +311,9 @@ class TraceRows(TraceVisitor):
         if children is not None:
             dispatched = children[0] if len(children) == 1 else tuple(sorted(children))
         intern = self._intern
+        ray_attempts = arg(args, L.ARG_RAY_ATTEMPTS)
+        if ray_attempts is not None:
+            self.task_attempts[t.id] = (ray_attempts, arg(args, L.ARG_UNMEASURED_ATTEMPTS))
         if status in (L.STATUS_FAILED, L.STATUS_CANCELLED):
             self.failures.append((
                 t.ts, t.id, arg(args, L.ARG_TASK_ID), 0 if attempt is None else attempt,
@@ -317,6 +338,9 @@ class TraceRows(TraceVisitor):
 
     def _execution(self, s: ScannedSlice) -> None:
         args = s.args
+        ray_attempt = arg(args, L.ARG_RAY_ATTEMPT)
+        if ray_attempt:
+            self.execution_attempts[s.id] = ray_attempt
         peak = byte_amount(args, L.ARG_MEMORY_PEAK)
         source = None
         if peak is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "stage_summary",
     "task_failures",
     "task_latency",
+    "task_retries",
     "task_latency_rows",
     "worker_utilisation",
 ]
@@ -97,6 +98,10 @@ def stage_queues(model: TraceModel) -> list[Row]:
 
 def task_failures(model: TraceModel) -> list[Row]:
     return analyses.task_failures(_rows(model))
+
+
+def task_retries(model: TraceModel) -> list[Row]:
+    return analyses.task_retries(_rows(model))
 
 
 def memory_by_stage(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:

@@ -36,6 +36,7 @@ ANALYSES = (
     "actor_starts",
     "stage_queues",
     "task_failures",
+    "task_retries",
 )
 
 _BUCKETS = re.compile(r"SELECT \d+ AS buckets")

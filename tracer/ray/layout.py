@@ -17,6 +17,10 @@ CAT_STAGE = "stage"
 CAT_EXECUTION = "execution"
 #: Ray's own events of a task (read from Ray's task events, tracer.ray.ray_events).
 CAT_RAY = CAT_SCHEDULER
+#: An attempt of a task that failed and that Ray ran again (SLICE_FAILED_ATTEMPT_PREFIX):
+#: not an execution (nothing of it was measured, and the task's execution is its
+#: retry's), so the queries' executions leave it out.
+CAT_ATTEMPT = "attempt"
 
 # Tracks. Every track of a run is a plain track (no process or thread
 # tracks: the Perfetto UI would append their pids and tids, synthetic for
@@ -167,6 +171,12 @@ INSTANT_TASK_LAUNCHED = "task launched"
 # Instants on a worker or node (category execution).
 INSTANT_TASK_FAILED = "task failed"
 INSTANT_TASK_CANCELLED = "task cancelled"
+#: On a worker's track (category attempt): an attempt that failed there and that Ray
+#: ran again (its worker OOM-killed or crashed; retry_exceptions), from when Ray's
+#: events say it ran to its failure, named "failed attempt: <stage>", with the args of
+#: its "task failed" mark (ARG_RETRIED). From Ray's task events: without them (Ray's
+#: events off, or dropped) only the task's ARG_RAY_ATTEMPTS says it was retried.
+SLICE_FAILED_ATTEMPT_PREFIX = "failed attempt: "
 
 # Values of ARG_STATUS, on task slices (END) and execution slices. A task
 # received with its result has no status.
@@ -347,6 +357,11 @@ ARG_OOM_KILLED_WORKERS = "oom_killed_workers"
 #: ran ("ray::MapBatches(hog)"), so the task that took the memory shows even where Ray
 #: killed another one (its own measurements, unfinished, never came).
 ARG_OOM_TOP_MEMORY_USERS = "oom_top_memory_users"
+#: On a "task failed" mark, ``true``: the attempt failed and Ray ran the task again (the
+#: mark's ARG_RAY_ATTEMPT says which attempt; the task's slice ends as its last attempt
+#: did). An OOM kill's mark has ARG_MEMORY_AT_KILL and ARG_OOM_TOP_MEMORY_USERS, and the
+#: queries count the task as killed (its memory_at_kill is its largest kill's).
+ARG_RETRIED = "retried"
 #: On stage slices (END), where the engine queues its stages' inputs (Ray Data): the most
 #: blocks queued at the stage's input at once, and how long the engine held the stage
 #: back in all while blocks were queued there (its COUNTER_STAGE_BACKPRESSURED at 1, with

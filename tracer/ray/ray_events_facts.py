@@ -15,7 +15,13 @@ from typing import Any
 
 from tracer.ray import layout as L
 from tracer.ray.ray_events_wire import is_raw, parse_entries, task_key
-from tracer.ray.task_errors import exception_message, raised_in_traceback
+from tracer.ray.task_errors import (
+    exception_message,
+    killed_workers,
+    memory_at_kill,
+    raised_in_traceback,
+    top_memory_users,
+)
 from tracer.ray.task_metrics import RAY_EVENT_NAME, unpack_rss
 from tracer.ray.timeline import RayTaskEvents
 
@@ -115,6 +121,7 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
         node_id = _shared(_HEX, raw_node, raw_node.hex())
     error_type = error = ""
     failed_in_worker = False
+    oom: tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, str], ...]] | None = None
     if updates.HasField("error_info"):
         error_type = _error_type(updates.error_info.error_type)
         failed_in_worker = error_type in _FAILED_IN_WORKER
@@ -125,6 +132,9 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
             error_type, error = raised[0], exception_message(raised[1], raised[0])[:500]
         else:
             error = text[:500]
+        if error_type == "OutOfMemoryError":
+            oom = _oom_report(text, updates.worker_pid, name)
+            error = _oom_message(text)
     if reported_error is not None:  # the body's own exception, as it reported it
         error_type, error = reported_error
     resources: tuple[tuple[str, float], ...] = ()
@@ -147,7 +157,32 @@ def _fact(ev: Any, task_id: str) -> RayTaskEvents:
         error=error,
         resources=resources,
         failed_in_worker=failed_in_worker,
+        oom_used=oom[0] if oom is not None else 0,
+        oom_killed=oom[1] if oom is not None else (),
+        oom_top=oom[2] if oom is not None else (),
     )
+
+
+def _oom_message(text: str) -> str:
+    """Ray's OOM report in a line, as the driver's error reads (``error_args``): its first
+    line and its reason, not the object store's figures and the advice after them."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    reason = next((line for line in lines if line.startswith("OOM kill reason")), "")
+    return f"{lines[0] if lines else ''} {reason}".strip()[:500]
+
+
+def _oom_report(
+    text: str, worker_pid: int, name: str
+) -> tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int, str], ...]]:
+    """What Ray's OOM report of an attempt says (see RayTaskEvents): the attempt's worker's
+    memory at the kill (the worker Ray's events name, among those the report says it
+    killed; else as :func:`~tracer.ray.task_errors.memory_at_kill` reads it), the workers
+    killed, the node's largest processes."""
+    killed = killed_workers(text)
+    used = killed.get(worker_pid) or memory_at_kill(text, name or None) or 0
+    top = tuple((int(u["pid"]), int(u["memory"]), str(u["command"]))
+                for u in top_memory_users(text))
+    return used, tuple(killed.items()), top
 
 
 #: Ray's ErrorType names that have an exception class of their own, by that class's name:

@@ -18,6 +18,7 @@ from tracer.ray.task_metrics import Metrics
 
 __all__ = [
     "CAUSE_LINE",
+    "OOMError",
     "error_args",
     "exception_message",
     "exceptions_in_traceback",
@@ -83,13 +84,24 @@ _SELECTED_RE = re.compile(
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
-def _killed(error: BaseException) -> list[tuple[str, str, int, int]]:
+#: An error to read an OOM report from: Ray's ``OutOfMemoryError``, or the text of one (an
+#: attempt's error in Ray's task events, which names its type apart). Any other: none.
+OOMError = BaseException | str
+
+
+def _oom_text(error: OOMError) -> str | None:
+    if isinstance(error, str):
+        return error
+    return str(error) if is_oom_kill(error) else None
+
+
+def _killed(error: OOMError) -> list[tuple[str, str, int, int]]:
     """(kind, Ray's task name, pid, bytes) of each worker Ray's OOM report names; kind
     "Task" or "Actor" and the name of what it ran (Ray 2.60), "" where the report does not
     say (Ray 2.50's)."""
-    if not is_oom_kill(error):
+    text = _oom_text(error)
+    if text is None:
         return []
-    text = str(error)
     selected = _SELECTED_RE.findall(text)
     if selected:
         return [(kind, name.strip(), int(pid), int(float(n) * _UNITS[u]))
@@ -98,13 +110,13 @@ def _killed(error: BaseException) -> list[tuple[str, str, int, int]]:
             for pid, n, u in _KILLED_RE.findall(text)]
 
 
-def killed_workers(error: BaseException) -> dict[int, int]:
+def killed_workers(error: OOMError) -> dict[int, int]:
     """Every worker Ray's OOM report says it killed (actors' too): pid -> its memory use
     then, in bytes. Their processes are gone."""
     return {pid: used for _, _, pid, used in _killed(error)}
 
 
-def oom_candidates(error: BaseException, task_name: str | None = None) -> dict[int, int]:
+def oom_candidates(error: OOMError, task_name: str | None = None) -> dict[int, int]:
     """The killed workers that may have run the task: those running a task, where the
     report tells (an actor's worker runs no task of the runner's: Ray Data's stats
     actor, tracer's metrics actor), else all; of those, the ones running a Ray task
@@ -120,7 +132,7 @@ def oom_candidates(error: BaseException, task_name: str | None = None) -> dict[i
     return tasks or {pid: used for _, _, pid, used in killed}
 
 
-def kill_args(error: BaseException, task_name: str | None = None) -> dict[str, Any]:
+def kill_args(error: OOMError, task_name: str | None = None) -> dict[str, Any]:
     """A task's annotations from Ray's OOM report (none for another error): the memory
     its worker used at the kill, and the workers it may have run in when the report
     names several (``layout.ARG_OOM_KILLED_WORKERS``). What every producer writes on a
@@ -136,7 +148,7 @@ def kill_args(error: BaseException, task_name: str | None = None) -> dict[str, A
     return args
 
 
-def memory_at_kill(error: BaseException, task_name: str | None = None) -> int | None:
+def memory_at_kill(error: OOMError, task_name: str | None = None) -> int | None:
     """The killed worker's memory use in Ray's OOM report (``actual memory used=0.89GB``).
 
     A report of several task workers killed at once names the Ray task each
@@ -149,7 +161,7 @@ def memory_at_kill(error: BaseException, task_name: str | None = None) -> int | 
     candidates = oom_candidates(error, task_name)
     if candidates:
         return min(candidates.values())
-    match = _KILL_MEMORY_RE.search(str(error))
+    match = _KILL_MEMORY_RE.search(error if isinstance(error, str) else str(error))
     if match is None:
         return None
     return int(float(match.group(1)) * _UNITS[match.group(2)])
@@ -160,14 +172,14 @@ _TOP_HEADER_RE = re.compile(r"Top \d+ memory users:\s*PID\s+MEM\(([KMGT]?B)\)[^\
 _TOP_LINE_RE = re.compile(r"(\d+)\t([0-9.]+)\t([^\n]*)\n?")
 
 
-def top_memory_users(error: BaseException) -> list[dict[str, Any]]:
+def top_memory_users(error: OOMError) -> list[dict[str, Any]]:
     """The processes Ray's OOM report lists as its node's largest at the kill (Ray 2.50
     and 2.60 list the top 10): ``{"pid", "memory" (bytes), "command"}`` each, largest
     first; [] for another error. A Ray worker's command names what it ran
     (``ray::MapBatches(hog)``, ``ray::IDLE``)."""
-    if not is_oom_kill(error):
+    text = _oom_text(error)
+    if text is None:
         return []
-    text = str(error)
     header = _TOP_HEADER_RE.search(text)
     if header is None:
         return []

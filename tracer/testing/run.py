@@ -67,8 +67,10 @@ class TaskMemory:
 
     @property
     def used(self) -> int | None:
-        """The memory to judge it by: its peak, or for a killed task its memory at the kill."""
-        if self.peak is not None:
+        """The memory to judge it by: its peak, or for a killed task its memory at the kill
+        where that is more (an attempt Ray ran again may have been killed using more than
+        the attempt that was measured)."""
+        if self.peak is not None and (self.killed_at is None or self.peak >= self.killed_at):
             return self.peak
         return self.killed_at
 
@@ -251,7 +253,9 @@ def _task(row: dict[str, Any], flagged: dict[str, Any] | None, trace: Path) -> T
     peak_source = killed_at = None
     if flagged is not None and row["memory_peak"] is not None:
         peak_source = flagged["peak_source"]
-    if killed and flagged is not None and flagged["peak_bytes"] is not None:
+    if killed and row.get("memory_at_kill") is not None:
+        killed_at = int(row["memory_at_kill"])
+    elif killed and flagged is not None and flagged["peak_bytes"] is not None:
         killed_at = int(flagged["peak_bytes"])
     return TaskMemory(
         stage=str(row["stage"]),

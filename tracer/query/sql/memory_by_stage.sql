@@ -5,7 +5,8 @@
 --   peak_p50/max_bytes   measured peaks (nearest-rank p50)
 --   over_request         tasks with a request (> 0) whose peak exceeded it
 --   no_request           measured tasks that requested no memory
---   oom_killed           tasks Ray's OOM killer killed
+--   oom_killed           tasks Ray's OOM killer killed (or killed an attempt of,
+--                        which Ray ran again)
 --   peak_to_request_max  the largest peak / request of the stage
 -- memory_peak is memray's heap peak at level 2, else the worker's RSS (level 1;
 -- it includes the worker process itself): see tracer_execution.peak_source.

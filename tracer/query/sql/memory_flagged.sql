@@ -1,7 +1,9 @@
 -- memory_flagged.sql: the tasks that used more memory than they asked for.
 -- Needs tracer_tables.sql. A task is flagged when
---   reason 'oom killed'    Ray's OOM killer killed it (peak_bytes: the worker's
---                          memory use Ray reported at the kill), or
+--   reason 'oom killed'    Ray's OOM killer killed it, or an attempt of it that
+--                          Ray ran again (peak_bytes: the worker's memory use Ray
+--                          reported at its largest kill, or its measured peak where
+--                          that is larger), or
 --   reason 'over request'  its measured peak exceeded its request (> 0).
 -- Tasks that requested no memory are never "over" (see memory_by_stage.sql's
 -- no_request). excess_bytes and ratio compare with the request (NULL without
@@ -10,8 +12,14 @@ WITH flagged AS (
   SELECT
     *,
     CASE WHEN memory_at_kill IS NOT NULL THEN 'oom killed' ELSE 'over request' END AS reason,
-    COALESCE(memory_peak, memory_at_kill) AS peak_bytes,
-    CASE WHEN memory_peak IS NOT NULL THEN peak_source ELSE 'at kill' END AS source
+    CASE
+      WHEN memory_at_kill IS NOT NULL AND (memory_peak IS NULL OR memory_at_kill > memory_peak)
+      THEN memory_at_kill ELSE memory_peak
+    END AS peak_bytes,
+    CASE
+      WHEN memory_at_kill IS NOT NULL AND (memory_peak IS NULL OR memory_at_kill > memory_peak)
+      THEN 'at kill' ELSE peak_source
+    END AS source
   FROM tracer_task_latency
   WHERE memory_at_kill IS NOT NULL
     OR (memory_requested > 0 AND memory_peak > memory_requested)

@@ -249,6 +249,21 @@ WHERE s.category = 'execution' AND s.name IN ('task failed', 'task cancelled')
 GROUP BY 1, 2;
 CREATE INDEX tracer_mark_by_task ON tracer_mark(task_id, ts);
 
+-- Attempts of a task that Ray's OOM killer killed and that Ray ran again: the
+-- 'task failed' marks with retried set, drawn from Ray's events. A task's
+-- memory_at_kill (tracer_task_latency) is the largest of its kills.
+DROP TABLE IF EXISTS tracer_retried_kill;
+CREATE TABLE tracer_retried_kill AS
+SELECT
+  EXTRACT_ARG(arg_set_id, 'debug.task_id') AS task_id,
+  MAX(EXTRACT_ARG(arg_set_id, 'debug.memory_used_at_kill')) AS memory
+FROM slice
+WHERE category = 'execution' AND name = 'task failed'
+  AND EXTRACT_ARG(arg_set_id, 'debug.retried') IS NOT NULL
+  AND EXTRACT_ARG(arg_set_id, 'debug.memory_used_at_kill') IS NOT NULL
+GROUP BY 1;
+CREATE INDEX tracer_retried_kill_by_task ON tracer_retried_kill(task_id);
+
 -- One row per task attempt with its execution joined by the task_id
 -- annotation, and the four phases of its latency:
 --   waiting_ns    created -> dispatched  (waiting in the runner for a batch)
@@ -378,7 +393,11 @@ WITH joined AS (
     COALESCE(m.memory_requested, t.memory_requested) AS memory_requested,
     m.memory_peak,
     m.peak_source,
-    COALESCE(k.memory, t.memory_at_kill) AS memory_at_kill,
+    CASE
+      WHEN rk.memory IS NULL THEN COALESCE(k.memory, t.memory_at_kill)
+      WHEN COALESCE(k.memory, t.memory_at_kill) IS NULL THEN rk.memory
+      ELSE MAX(rk.memory, COALESCE(k.memory, t.memory_at_kill))
+    END AS memory_at_kill,
     t.slice_id AS task_slice_id,
     m.slice_id AS execution_slice_id,
     r.start_ts AS ray_start_ts,
@@ -395,6 +414,7 @@ WITH joined AS (
   -- OOM report names (oom_killed_workers), and that worker's memory at the kill.
   LEFT JOIN tracer_kill_candidate AS k
     ON m.slice_id IS NULL AND k.task_slice_id = t.slice_id AND k.pid = st.worker_pid
+  LEFT JOIN tracer_retried_kill AS rk ON rk.task_id = t.task_id
 ),
 -- The boundaries, each clamped between its neighbours (multi-argument MIN
 -- and MAX are NULL when an argument is).
@@ -448,3 +468,4 @@ FROM bound;
 DROP TABLE tracer_match;
 DROP TABLE tracer_mark;
 DROP TABLE tracer_kill_candidate;
+DROP TABLE tracer_retried_kill;

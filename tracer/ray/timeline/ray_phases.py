@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Optional
 
 from tracer.format import TraceWriter, Track
 from tracer.ray import layout as L
@@ -48,7 +48,7 @@ from tracer.ray.timeline.nodes import Nodes, Worker
 if TYPE_CHECKING:
     from tracer.ray.timeline.run import TimelineTask
 
-__all__ = ["RayPhases", "RayTaskEvents"]
+__all__ = ["FailedAttempt", "RayPhases", "RayTaskEvents"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +67,10 @@ class RayTaskEvents:
     ``failed_in_worker``: Ray says the attempt failed in its worker (the
     body raised, or it was cancelled there), which then reports its own
     events after the failure. ``resources``: what the task asked Ray for.
+    Where Ray's OOM killer killed the attempt's worker, its report: ``oom_used``
+    (the worker's memory then, in bytes; 0: not said), ``oom_killed`` (each
+    worker it killed in that round: pid, bytes) and ``oom_top`` (the node's
+    largest processes then: pid, bytes, command; largest first).
     """
 
     ray_task_id: str
@@ -83,6 +87,9 @@ class RayTaskEvents:
     error: str = ""
     resources: tuple[tuple[str, float], ...] = ()
     failed_in_worker: bool = False
+    oom_used: int = 0
+    oom_killed: tuple[tuple[int, int], ...] = ()
+    oom_top: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -121,6 +128,11 @@ class _Expected:
         self.phases_drawn = False
 
 
+#: Called with an attempt that failed and that Ray ran again: the task (None: not known),
+#: its id, its stage's name, and Ray's events of the failed attempt.
+FailedAttempt = Callable[[Optional["TimelineTask"], str, str, "RayTaskEvents"], None]
+
+
 class RayPhases:
     """Draws :class:`RayTaskEvents` of the executions the timeline drew."""
 
@@ -141,6 +153,13 @@ class RayPhases:
         self._states_only: dict[str, tuple[TimelineTask, str]] = {}
         #: Events Ray said it dropped (its caps), as the producer last read them.
         self.dropped_by_ray = 0
+        #: Told of each attempt that failed before a later attempt of its task (the
+        #: timeline draws it: an OOM kill Ray retried was otherwise nowhere); each once.
+        self.on_failed_attempt: FailedAttempt | None = None
+        self._failed_told: set[tuple[str, int]] = set()
+        #: Drawn executions of a retry (Ray's attempt > 0), by Ray's task id: where its
+        #: failed attempts belong when their events come in a later read (bounded).
+        self._retries: dict[str, _Expected] = {}
 
     def expect(
         self, ray_task_id: str, attempt: int, task: TimelineTask | None, task_id: str,
@@ -217,11 +236,18 @@ class RayPhases:
                 if attempts[-1].ended or final:
                     task, name = self._states_only.pop(ray_task_id)
                     self.draw_attempts_states(task, name, attempts)
+                    for ev in attempts[:-1]:  # those Ray ran it again after
+                        self._failed_attempt(task, task.task_id, name, ev)
                     done += 1
+        failed: list[RayTaskEvents] | None = None  # attempts that failed, not expected
         for ev in ordered:
             key = (ev.ray_task_id, ev.attempt)
             exp = self._expected.get(key)
             if exp is None:
+                if ev.error_type:  # (set only where an attempt failed: rare, checked first)
+                    if failed is None:
+                        failed = []
+                    failed.append(ev)
                 continue
             complete = ev.span is not None and ev.ended
             if not complete and not final:
@@ -234,7 +260,38 @@ class RayPhases:
             if ev.span is not None:
                 del self._expected[key]
                 done += 1
+                if ev.attempt:
+                    if len(self._retries) >= 10_000:
+                        self._retries.clear()
+                    self._retries[ev.ray_task_id] = exp
+        if failed is not None:
+            self._failed_before_retries(failed)
         return done
+
+    def _failed_before_retries(self, failed: list[RayTaskEvents]) -> None:
+        """Of attempts that failed, those of a task whose later attempt ran and was drawn
+        (expected, or drawn now): told once each to :attr:`on_failed_attempt`."""
+        expected = self._expected
+        for ev in failed:
+            exp = self._retries.get(ev.ray_task_id)
+            if exp is None:  # the later attempt's own events still to come
+                for later in range(ev.attempt + 1, ev.attempt + 4):
+                    exp = expected.get((ev.ray_task_id, later))
+                    if exp is not None:
+                        break
+            if exp is not None:
+                self._failed_attempt(exp.task, exp.task_id, exp.name, ev)
+
+    def _failed_attempt(
+        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents
+    ) -> None:
+        key = (ev.ray_task_id, ev.attempt)
+        if ev.failed_at is None or key in self._failed_told or self.on_failed_attempt is None:
+            return
+        if len(self._failed_told) >= 100_000:
+            self._failed_told.clear()
+        self._failed_told.add(key)
+        self.on_failed_attempt(task, task_id, name, ev)
 
     def _phases(self, exp: _Expected, ev: RayTaskEvents) -> None:
         # Drawn for every task, by the thread that reads Ray's events: the clamps are

@@ -188,6 +188,7 @@ class RunTimeline:
         self.nodes = Nodes(w, self.root, first_rank=3)
         self.memory = MemoryTrace(w, level)
         self._ray = RayPhases(w, self.nodes, self._tasks_root)
+        self._ray.on_failed_attempt = self._attempt_failed
         self._awaited = Awaited()  # executions Ray's events will bring (see .awaited)
         # Free lanes with the time they were released: a lane is reused only by a
         # task created after that, so its slices never overlap the last ones, even
@@ -666,11 +667,13 @@ class RunTimeline:
         where an attempt failed without one (its worker killed); then, with no execution
         at all, its attempts' states."""
         drawn = False
-        for ev in attempts:
+        for i, ev in enumerate(attempts, 1):
             m = measurements(ev)
             if m is not None:
                 self.execution(m, task)  # its phases are drawn with it (expected now)
                 drawn = True
+            elif i < len(attempts):  # Ray ran it again
+                self._attempt_failed(task, task.task_id, self.stage_name(task), ev)
             elif ev.failed_at is not None and ev.ran and (ev.worker_pid or ev.node_id):
                 cancelled = ev.error_type in CANCEL_ERRORS
                 self.mark(
@@ -686,6 +689,52 @@ class RunTimeline:
         stage = self.stages.get(task.stage_id)
         if stage is not None and stage.done and not self._awaited.waiting_in(task.stage_id):
             self.stages.write(stage)
+
+    def _attempt_failed(
+        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents
+    ) -> None:
+        """An attempt of ``task`` failed (Ray's events ``ev``) and Ray ran the task again:
+        a ``task failed`` mark where it failed (``retried``; with Ray's OOM report where it
+        was killed for memory), and a ``failed attempt`` slice on its worker from when it
+        ran, where Ray's events say it ran; the workers Ray killed then leave the memory
+        counters. Without this, a kill that Ray retried was nowhere but in the task's
+        attempt count: not in the OOM reports, the kill counts nor the suggestions."""
+        failed_at = ev.failed_at
+        if failed_at is None:
+            return
+        node_id = ev.node_id or None
+        if node_id is None and not ev.worker_pid:
+            track = self.loop
+        else:
+            track = self.locate(node_id, ev.worker_pid)
+        args: dict[str, Any] = {
+            L.ARG_TASK_ID: task_id, L.ARG_RAY_ATTEMPT: ev.attempt, L.ARG_RETRIED: True,
+            L.ARG_ERROR_TYPE: ev.error_type, L.ARG_ERROR: ev.error,
+        }
+        if task is not None and task.request.memory_bytes:
+            args[L.ARG_MEMORY_REQUESTED] = int(task.request.memory_bytes)
+        if ev.oom_used:
+            args[L.ARG_MEMORY_AT_KILL] = ev.oom_used
+        ran_from = next((ts for state, ts in ev.states if state == L.STATE_RUNNING), None)
+        with self.late_batch():  # a second or more late
+            if ran_from is not None and ev.worker_pid and node_id is not None:
+                node = self.nodes.node(node_id)
+                worker = self.nodes.worker(node, ev.worker_pid)
+                start, end = min(ran_from, failed_at), failed_at
+                self.writer.complete(
+                    self.nodes.execution_track(worker, start, end),
+                    L.SLICE_FAILED_ATTEMPT_PREFIX + name, start, end,
+                    category=L.CAT_ATTEMPT, args=args,
+                )
+            mark = dict(args)
+            if ev.oom_top:
+                mark[L.ARG_OOM_TOP_MEMORY_USERS] = [
+                    {"pid": pid, "memory": used, "command": command}
+                    for pid, used, command in ev.oom_top
+                ]
+            self.mark(track, L.INSTANT_TASK_FAILED, failed_at, mark)
+        if ev.oom_killed:
+            self.workers_killed(node_id, [pid for pid, _ in ev.oom_killed], failed_at)
 
     # ------------------------------------------------------------ actor pools
 

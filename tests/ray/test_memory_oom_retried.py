@@ -1,0 +1,171 @@
+"""An OOM kill that Ray retried, for real: the retry succeeds, and the kill is still there.
+
+Ray retries a task whose worker its OOM killer killed (without limit by
+default), so the kills that make a job slow and flaky are mostly of tasks
+that end well: the runner sees a result, nothing else. The trace showed
+nothing of such a kill but an attempt count on the task's slice; the memory
+tables called the stage fine and suggested a smaller request, and a budget
+test passed (fresh user's review 5). Ray's task events keep the killed
+attempt with Ray's OOM report, which the tracer reads at level 1.
+
+As in test_memory_oom.py, the run is a subprocess with its own Ray, the kill
+threshold ~1 GiB above the machine's memory use: partition 1's first attempt
+grows until it is killed, its retry allocates ~30 MB and returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from engines_agree import assert_engines_agree
+from ray_trace_checks import check_well_formed
+
+from tracer.format import read_trace
+from tracer.query import QueryConfig, TraceQuery, records
+from tracer.ray import layout as L
+
+MIB = 1 << 20
+REQUEST = 64 * MIB
+
+JOB = r"""
+import json, os, sys, time
+
+def used_fraction():
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":")
+            info[key] = int(value.split()[0]) * 1024
+    return 1 - info["MemAvailable"] / info["MemTotal"], info["MemTotal"]
+
+used, total = used_fraction()
+threshold = used + (1 << 30) / total
+if threshold > 0.9:
+    print("RESULT " + json.dumps({"skip": f"memory already {used:.0%} used"}))
+    sys.exit(0)
+os.environ["RAY_memory_usage_threshold"] = f"{threshold:.4f}"
+os.environ["RAY_memory_monitor_refresh_ms"] = "100"
+os.environ["RAY_task_oom_retries"] = "1"
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import ray
+from tracer.runner import Pipeline, Stage
+
+MARKERS = sys.argv[3]
+
+def hog(n):
+    marker = os.path.join(MARKERS, f"{n}")
+    if n == 0 or os.path.exists(marker):
+        keep = bytearray(30_000_000)  # a partition that fits, and the retry
+        keep[::4096] = b"\x01" * len(range(0, len(keep), 4096))
+        return os.getpid()
+    open(marker, "w").close()
+    chunks = []
+    for _ in range(18):  # up to 1.8 GB, touched page by page, until killed
+        chunk = bytearray(100_000_000)
+        chunk[::4096] = b"\x01" * len(range(0, len(chunk), 4096))
+        chunks.append(chunk)
+        time.sleep(0.05)
+    return -1  # not killed: the test says so
+
+ray.init(address="local", num_cpus=1, object_store_memory=78643200,
+         include_dashboard=False, log_to_driver=False)
+stage = Stage("hog", hog, memory_bytes=int(sys.argv[2]), max_retries=1)
+out = Pipeline([0, 1], [stage]).run(tracing_level=1, trace_path=sys.argv[1], progress=False)
+print("RESULT " + json.dumps({"pids": out}))
+"""
+
+
+@pytest.fixture(scope="module")
+def retried(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("oom-retried")
+    (tmp / "markers").mkdir()
+    script = tmp / "job.py"
+    script.write_text(JOB)
+    trace = tmp / "retried.perfetto-trace"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(trace), str(REQUEST), str(tmp / "markers")],
+        capture_output=True, text=True, timeout=180, env=env, check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    assert -1 not in result["pids"], "the first attempt was not killed"
+    result["trace"] = trace
+    return result
+
+
+def test_a_retried_kill_is_drawn_where_it_happened(retried: dict[str, Any]) -> None:
+    model = read_trace(retried["trace"])
+    assert not model.problems, [str(p) for p in model.problems]
+    check_well_formed(model)
+    tasks = {s.args[L.ARG_TASK_ID]: s for s in model.slices
+             if s.category == L.CAT_TASK and s.depth == 0}
+    assert L.ARG_STATUS not in tasks["0-1"].args  # the retry succeeded: the run did
+    assert tasks["0-1"].args[L.ARG_RAY_ATTEMPTS] == 2
+    # The killed attempt's mark, on the killed worker, with Ray's OOM report.
+    (mark,) = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
+    assert mark.args[L.ARG_TASK_ID] == "0-1"
+    assert mark.args[L.ARG_RETRIED] is True and mark.args[L.ARG_RAY_ATTEMPT] == 0
+    assert mark.args[L.ARG_ERROR_TYPE] == "OutOfMemoryError"
+    assert mark.args[L.ARG_MEMORY_AT_KILL] > 300 * MIB  # it grew well past its request
+    assert mark.args[L.ARG_MEMORY_REQUESTED] == REQUEST
+    worker = model.tracks[mark.track_uuid]
+    assert worker.name is not None and worker.name.startswith(L.WORKER_THREAD_PREFIX)
+    killed_pid = int(worker.name.split()[-1])
+    top = mark.args[L.ARG_OOM_TOP_MEMORY_USERS]
+    assert next(u for u in top if u["pid"] == killed_pid)["command"] == "ray::hog"
+    # The attempt itself, on that worker, from when it ran until the kill.
+    (attempt,) = [s for s in model.slices if s.category == L.CAT_ATTEMPT]
+    assert attempt.name == L.SLICE_FAILED_ATTEMPT_PREFIX + "hog"
+    assert attempt.track_uuid == mark.track_uuid and attempt.ts + (attempt.dur or 0) == mark.ts
+    assert (attempt.dur or 0) > 50_000_000  # it ran a while (18 x 50 ms at most)
+    assert tasks["0-1"].ts < attempt.ts
+    # The retry ran in another worker (Ray's killed one is gone), measured.
+    (execution,) = [s for s in model.slices if s.category == L.CAT_EXECUTION
+                    and s.args.get(L.ARG_TASK_ID) == "0-1"]
+    assert execution.args[L.ARG_RAY_ATTEMPT] == 1 and execution.ts > mark.ts
+    assert retried["pids"][1] != killed_pid
+    # The killed worker (one CPU: it ran partition 0 first) leaves its memory counter at
+    # the kill, where it had kept partition 0's figures to the trace's end.
+    rss = [t.uuid for t in model.tracks.values()
+           if t.name == L.COUNTER_WORKER_RSS and t.parent_uuid == mark.track_uuid]
+    if retried["pids"][0] == killed_pid:
+        (track,) = rss
+        samples = [c for c in model.counters if c.track_uuid == track]
+        # (counter times are kept to 0.1 ms: tracer.ray.timeline.memory.TIME_UNIT_NS)
+        assert samples[-1].value == 0 and 0 <= mark.ts - samples[-1].ts < 100_000, samples[-3:]
+
+
+def test_the_answers_count_the_kill_and_size_the_request_by_it(retried: dict[str, Any]) -> None:
+    trace = retried["trace"]
+    assert_engines_agree(trace)
+    for engine in ("reader", "trace_processor"):
+        with TraceQuery(trace, QueryConfig(engine=engine)) as q:
+            (retry,) = records(q.task_retries())
+            assert (retry["task_id"], retry["status"], retry["ray_attempts"]) == ("0-1", "ok", 2)
+            assert retry["failed_attempts_seen"] == 1
+            assert retry["error_type"] == "OutOfMemoryError"
+            at_kill = retry["memory_at_kill"]
+            assert at_kill > 300 * MIB
+            (stage,) = records(q.memory_by_stage())
+            assert stage["oom_killed"] == 1, engine
+            (flagged,) = [r for r in records(q.memory_flagged()) if r["task_id"] == "0-1"]
+            assert flagged["reason"] == "oom killed" and flagged["peak_bytes"] == at_kill
+            assert flagged["peak_source"] == "at kill"
+            (suggestion,) = records(q.memory_suggestions())
+            assert suggestion["suggested_bytes"] >= at_kill > REQUEST  # more, not less
+            assert set(q.oom_reports()["task_id"]) == {"0-1"}
+    out = subprocess.run([sys.executable, "-m", "tracer", "summary", str(trace)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "Retried tasks: Ray ran them again (1;" in out, out
+    assert "OutOfMemoryError at " in out and "1 of 'hog'" in out, out
