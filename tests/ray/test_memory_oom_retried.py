@@ -6,7 +6,8 @@ that end well: the runner sees a result, nothing else. The trace showed
 nothing of such a kill but an attempt count on the task's slice; the memory
 tables called the stage fine and suggested a smaller request, and a budget
 test passed (fresh user's review 5). Ray's task events keep the killed
-attempt with Ray's OOM report, which the tracer reads at level 1.
+attempt with Ray's OOM report, which the tracer reads at levels 1 and 2 (this
+run is at level 2, which memory-budget tests need).
 
 As in test_memory_oom.py, the run is a subprocess with its own Ray, the kill
 threshold ~1 GiB above the machine's memory use: partition 1's first attempt
@@ -76,7 +77,7 @@ def hog(n):
 ray.init(address="local", num_cpus=1, object_store_memory=78643200,
          include_dashboard=False, log_to_driver=False)
 stage = Stage("hog", hog, memory_bytes=int(sys.argv[2]), max_retries=1)
-out = Pipeline([0, 1], [stage]).run(tracing_level=1, trace_path=sys.argv[1], progress=False)
+out = Pipeline([0, 1], [stage]).run(tracing_level=2, trace_path=sys.argv[1], progress=False)
 print("RESULT " + json.dumps({"pids": out}))
 """
 
@@ -169,3 +170,21 @@ def test_the_answers_count_the_kill_and_size_the_request_by_it(retried: dict[str
                          capture_output=True, text=True, check=True).stdout
     assert "Retried tasks: Ray ran them again (1;" in out, out
     assert "OutOfMemoryError at " in out and "1 of 'hog'" in out, out
+
+
+def test_a_memory_budget_test_fails_on_a_kill_ray_retried(retried: dict[str, Any]) -> None:
+    """The traced_memory fixture's run, read from this trace: the retry's heap fits its
+    request, but its first attempt was killed, which the budget checks see."""
+    from tracer.testing import MemoryBudgetError
+    from tracer.testing.run import TracedRun
+
+    run = TracedRun(retried["trace"].parent)
+    run._load()
+    (task,) = [t for t in run.stages["hog"] if t.task_id == "0-1"]
+    assert task.status == "ok" and task.oom_killed and task.peak_source == "heap"
+    assert task.peak is not None and task.peak < REQUEST  # the retry's own heap
+    assert task.killed_at is not None and task.used == task.killed_at > REQUEST
+    with pytest.raises(MemoryBudgetError, match="killed by Ray's OOM killer"):
+        run.assert_no_oom_kill()
+    with pytest.raises(MemoryBudgetError):
+        run.assert_stage_peak("hog", "64 MiB")

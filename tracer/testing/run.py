@@ -252,7 +252,10 @@ def _task(row: dict[str, Any], flagged: dict[str, Any] | None, trace: Path) -> T
     killed = flagged is not None and flagged["reason"] == "oom killed"
     peak_source = killed_at = None
     if flagged is not None and row["memory_peak"] is not None:
-        peak_source = flagged["peak_source"]
+        # (the flagged row's peak is the memory at a kill where that was more: an attempt
+        # Ray ran again; the measured peak's own source is the task's)
+        peak_source = flagged["peak_source"] if flagged["peak_source"] != "at kill" \
+            else row.get("peak_source")
     if killed and row.get("memory_at_kill") is not None:
         killed_at = int(row["memory_at_kill"])
     elif killed and flagged is not None and flagged["peak_bytes"] is not None:
