@@ -96,3 +96,25 @@ def test_the_round_wait_is_hooked_where_it_is_defined() -> None:
     2.52 and 2.53, ``BaseProgressBar`` from 2.54): the class hooked must define it."""
     bar = compat.progress_bar_class()
     assert bar is not None and "fetch_until_complete" in vars(bar)
+
+
+def test_a_rounds_name_from_every_kind_of_progress_bar() -> None:
+    """The name of the round an all-to-all operator waits for, whatever bar Ray Data drew
+    it with: 2.60's logging bar (stdout not a terminal: logs, CI) says "" as its
+    description, and its tqdm bar draws the name as a tree; the trace said
+    "LoggingSubProgressBar" and "  *- Shuffle Map" (fresh user's review 6)."""
+    plain = SimpleNamespace(get_description=lambda: "Sort Sample")
+    assert compat.round_name(plain) == "Sort Sample"
+    tree = SimpleNamespace(get_description=lambda: "  *- Shuffle Map")
+    assert compat.round_name(tree) == "Shuffle Map"
+    logging_bar = SimpleNamespace(get_description=lambda: "", _name="Shuffle Reduce")
+    assert compat.round_name(logging_bar) == "Shuffle Reduce"
+    assert compat.round_name(SimpleNamespace(_desc="Split Repartition")) == "Split Repartition"
+    try:  # Ray 2.60's own classes, where this Ray has them
+        from ray.data._internal.progress.logging_progress import LoggingSubProgressBar
+        from ray.data._internal.progress.tqdm_progress import TqdmSubProgressBar
+    except ImportError:
+        return
+    assert compat.round_name(LoggingSubProgressBar("Shuffle Map", 4)) == "Shuffle Map"
+    drawn = TqdmSubProgressBar("  *- Shuffle Reduce", 4, "row", enabled=False)
+    assert compat.round_name(drawn) == "Shuffle Reduce"

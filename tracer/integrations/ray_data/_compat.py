@@ -85,6 +85,7 @@ Everything else used (the executor's ``_topology``, ``_resource_manager``,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -446,12 +447,22 @@ def progress_bar_class() -> Any:
 
 
 def round_name(bar: Any) -> str:
-    """Ray Data's name of the round a sub-progress bar waits for ("Shuffle Map")."""
-    try:
+    """Ray Data's name of the round a sub-progress bar waits for ("Shuffle Map").
+
+    Ray 2.60 has a bar class per display: rich's and 2.50's say the name as their
+    description; tqdm's (a terminal) says it drawn as a tree ("  *- Shuffle Map");
+    the logging one (stdout not a terminal: logs, CI, batch jobs) says "" and keeps
+    the name in ``_name``. The name alone, whichever.
+    """
+    name: Any = None
+    with contextlib.suppress(Exception):
         name = bar.get_description()
-    except Exception:
-        name = getattr(bar, "_desc", None)
-    return str(name) if name else type(bar).__name__
+    for attr in ("_name", "_desc"):
+        if name:
+            break
+        name = getattr(bar, attr, None)
+    text = str(name).strip().lstrip("*-│├─ ").strip() if name else ""
+    return text or type(bar).__name__
 
 
 def returned_refs(result: Any) -> list[Any]:
