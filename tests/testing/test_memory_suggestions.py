@@ -165,6 +165,14 @@ def test_the_command(known: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "0", "map", "2", "16.0", "MiB", "heap", "4.0", "MiB", "20.0", "MiB", "20971520",
         "+16.0", "MiB", "5.00x", "2048", "409",
     ]
+    # Each note once, under the table, and a row names its notes by number (the same
+    # long note on every row made each line ~400 columns wide).
+    notes = [line for line in table.splitlines() if line.startswith("note ")]
+    assert notes and notes[0].startswith("note 1: the task's heap only"), table
+    assert len({n.split(": ", 1)[1] for n in notes}) == len(notes)
+    assert map_row.split()[16:] == ["1"]
+    assert max(len(line) for line in table.splitlines() if not line.startswith(
+        ("note ", "per node:", "set it in bytes"))) < 160
     assert out == memory_report(known, suggest=True) + "\n"
 
     # --headroom and --node-memory imply --suggest; --json adds the rows.

@@ -156,6 +156,15 @@ def _render_suggestions(
 ) -> str:
     rows = records(q.memory_suggestions(headroom, node_memory))
     node = next((r["node_memory_bytes"] for r in rows if r["node_memory_bytes"]), None)
+    # Each note once, under the table, numbered; a row names its notes' numbers (the same
+    # ~230-character note on every stage made each line 400 columns wide).
+    notes: dict[str, int] = {}
+    for row in rows:
+        marks = []
+        for note in str(row["note"] or "").split("; "):
+            if note:
+                marks.append(str(notes.setdefault(note, len(notes) + 1)))
+        row["notes"] = ", ".join(marks) or None
     if node_memory is not None:
         where = f"a node's memory: {fmt_bytes(node, style)} (--node-memory)"
     elif node is not None:
@@ -169,7 +178,8 @@ def _render_suggestions(
         f"Suggested memory request per stage: the largest peak x {headroom:g}, "
         "rounded up to a MiB"
     )
-    footer = style.dim(
+    noted = "".join(f"\nnote {n}: {note}" for note, n in notes.items())
+    footer = noted + "\n" + style.dim(
         f"per node: how many such tasks fit one node by memory alone (CPUs may allow fewer); "
         f"{where}\nset it in bytes: memory= in Ray's .options() or @ray.remote and in Ray "
         "Data's map_batches, memory_bytes= in Daft's @daft.udf (Daft sets its other "
@@ -190,12 +200,12 @@ def _render_suggestions(
             Column("x request", "change_ratio", fmt_ratio),
             Column("per node now", "tasks_per_node_now", fmt_count),
             Column("per node", "tasks_per_node", fmt_count),
-            Column("note", "note", right=False),
+            Column("notes", "notes", right=False),
         ],
         rows,
         style,
         empty="(no tasks in this trace)",
-    ) + "\n" + footer
+    ) + footer
 
 
 def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:

@@ -156,7 +156,7 @@ def _suggest(
         notes.append(
             "the task's heap only (Ray's memory= is the heap's, by its docs): the worker "
             "process's own ~60-120 MiB is not in it, and Ray's OOM killer counts the whole "
-            "process; add it where nodes run short (a level-1 trace's peaks include it)")
+            "process: add it where nodes run short (a level-1 trace's peaks include it)")
     suggested = change = ratio = per_node = per_node_now = None
     if peak is None:
         notes.insert(0, "no measured task: nothing to suggest from")
