@@ -203,6 +203,17 @@ def test_invalid_stages() -> None:
         Stage("x", _square, num_cpus="2")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="name must be a string, got 3"):
         Stage(3, _square)  # type: ignore[arg-type]
+    # NaN and infinities are not sizes (NaN passed, then failed inside the tracer).
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="must be a finite number >= 0"):
+            Stage("x", _square, memory_bytes=bad)
+    from tracer.ray.resources import as_request
+
+    # Ray's own spelling of the memory request, in a runner's dict of options.
+    assert as_request({"num_cpus": 1, "memory": 1 << 20}).memory_bytes == 1 << 20
+    assert as_request({"memory_bytes": 5, "memory": 5}).memory_bytes == 5
+    with pytest.raises(ValueError, match="give one"):
+        as_request({"memory_bytes": 5, "memory": 6})
     import numpy as np
 
     assert Stage("x", _square, num_cpus=np.float32(0.5), memory_bytes=np.int64(1 << 20))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -31,8 +32,13 @@ class ResourceRequest:
                     f"ResourceRequest.{name} must be a number or None, got {value!r}"
                     + (" (in bytes)" if name == "memory_bytes" else "")
                 )
-            if value < 0:
-                raise ValueError(f"ResourceRequest.{name} must be >= 0 or None, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                # (NaN passed every check, then failed as "cannot convert float NaN to
+                # integer" inside the tracer, or as a request no node could hold)
+                raise ValueError(
+                    f"ResourceRequest.{name} must be a finite number >= 0 or None, "
+                    f"got {value!r}"
+                )
 
     def ray_options(self) -> dict[str, Any]:
         """The matching keyword arguments of ``f.options(...)``."""
@@ -63,10 +69,20 @@ def as_request(request: Any) -> ResourceRequest:
     if request is None:
         return ResourceRequest()
     if isinstance(request, dict):
+        # Ray's own spelling (`memory`, as in .options()) means the same: a runner that
+        # passed its Ray options got "no request" before.
+        memory = request.get("memory_bytes")
+        ray_memory = request.get("memory")
+        if memory is None:
+            memory = ray_memory
+        elif ray_memory is not None and ray_memory != memory:
+            raise ValueError(
+                f"a request of memory_bytes={memory!r} and memory={ray_memory!r}: give one"
+            )
         return ResourceRequest(
             num_cpus=request.get("num_cpus"),
             num_gpus=request.get("num_gpus"),
-            memory_bytes=request.get("memory_bytes"),
+            memory_bytes=memory,
         )
     return ResourceRequest(
         num_cpus=getattr(request, "num_cpus", None),
