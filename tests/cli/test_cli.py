@@ -768,3 +768,27 @@ def test_summary_lists_the_failed_tasks_with_their_errors(tmp_path: Path) -> Non
     from engines_agree import assert_engines_agree
 
     assert_engines_agree(path)
+
+
+def test_memory_says_when_nothing_was_compared(tmp_path: Path) -> None:
+    """No task asked for memory: no task is flagged, and `tracer memory` says why rather
+    than "every measured task stayed within its request" (fresh user's review 5)."""
+    from tracer.format import TraceWriter
+    from tracer.ray import ResourceRequest
+    from tracer.ray.timeline import RunTimeline, TimelineTask
+
+    path = tmp_path / "no-request.perfetto-trace"
+    with TraceWriter(path) as w:
+        timeline = RunTimeline(w, execution_id="x", driver_gc=False)
+        t0 = w.now()
+        task = timeline.task_created(TimelineTask, "0-0", 0, ResourceRequest(memory_bytes=None),
+                                     t0, stage_name="map")
+        timeline.task_dispatched(task, t0 + 1000)
+        timeline.execution({"start_ns": t0 + 2000, "end_ns": t0 + 5000, "node_id": "n1",
+                            "pid": 7, "rss_peak": 50 << 20, "rss_start": 40 << 20}, task)
+        timeline.task_ended(task, t0 + 6000, None)
+        timeline.close()
+    out = tracer("memory", path)
+    assert out.returncode == 0, out.stderr
+    assert "(none: no task requested memory, so none could exceed a request)" in out.stdout
+    assert "every measured task stayed within its request" not in out.stdout

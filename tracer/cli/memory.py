@@ -208,6 +208,18 @@ def _render_suggestions(
     ) + footer
 
 
+def _none_flagged(stages: list[dict[str, Any]]) -> str:
+    """Why no task is flagged: within its request, or nothing was compared."""
+    if not any(r["measured"] for r in stages):
+        return "(none: no task was measured)"
+    if not any(r["requested_bytes"] for r in stages):
+        return "(none: no task requested memory, so none could exceed a request)"
+    if any(r["no_request"] for r in stages):
+        return ("(none: every measured task that requested memory stayed within it; "
+                "tasks with no request are counted under 'no request')")
+    return "(none: every measured task stayed within its request)"
+
+
 def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
     info = q.run_info()
     by_stage = q.memory_by_stage()
@@ -280,7 +292,7 @@ def _render(q: TraceQuery, trace: str, style: Style, limit: int) -> str:
             ],
             shown,
             style,
-            empty="(none: every measured task stayed within its request)",
+            empty=_none_flagged(records(by_stage)),
         )
     )
     if any(r["reason"] == "oom killed" for r in rows):
