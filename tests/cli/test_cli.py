@@ -792,3 +792,35 @@ def test_memory_says_when_nothing_was_compared(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "(none: no task requested memory, so none could exceed a request)" in out.stdout
     assert "every measured task stayed within its request" not in out.stdout
+
+
+def test_the_largest_worker_at_a_kill_is_a_task_worker_not_rays_own(tmp_path: Path) -> None:
+    """Ray's own processes are named ``ray::`` too: the summary's "Ray worker using the most
+    memory at a kill" named Ray's dashboard agent where it was the largest in the report
+    (fresh user's review 6)."""
+    from tracer.format import TraceWriter
+    from tracer.ray import ResourceRequest
+    from tracer.ray import layout as L
+    from tracer.ray.timeline import RunTimeline, TimelineTask
+
+    path = tmp_path / "kill.perfetto-trace"
+    with TraceWriter(path) as w:
+        timeline = RunTimeline(w, execution_id="x", driver_gc=False)
+        t0 = w.now()
+        task = timeline.task_created(TimelineTask, "0-0", 0, ResourceRequest(memory_bytes=1),
+                                     t0, stage_name="hog")
+        timeline.task_dispatched(task, t0 + 1000)
+        timeline.task_ended(task, t0 + 9000, {
+            L.ARG_STATUS: L.STATUS_FAILED, L.ARG_ERROR_TYPE: "OutOfMemoryError",
+            L.ARG_MEMORY_AT_KILL: 50 << 20})
+        top = [{"pid": 3, "memory": 90 << 20, "command": "ray::DashboardAgent"},
+               {"pid": 4, "memory": 80 << 20, "command": "ray::IDLE"},
+               {"pid": 7, "memory": 50 << 20, "command": "ray::hog"}]
+        timeline.mark(timeline.locate("n1", 7), L.INSTANT_TASK_FAILED, t0 + 9000, {
+            L.ARG_TASK_ID: "0-0", L.ARG_ERROR_TYPE: "OutOfMemoryError",
+            L.ARG_MEMORY_AT_KILL: 50 << 20, L.ARG_OOM_TOP_MEMORY_USERS: top})
+        timeline.close()
+    out = tracer("summary", path)
+    assert out.returncode == 0, out.stderr
+    assert ("The Ray worker using the most memory at a kill, by Ray's report: ray::hog "
+            "(pid 7, 50.0 MiB)") in out.stdout, out.stdout

@@ -175,8 +175,17 @@ def _largest_at_a_kill(q: TraceQuery) -> dict[str, Any] | None:
     """The Ray worker using the most memory in any of Ray's OOM reports (its command names
     what it ran): what took the memory, even where Ray killed another task."""
     workers = [r for r in records(q.oom_reports())
-               if str(r["command"]).startswith("ray::") and r["memory_bytes"] is not None]
+               if str(r["command"]).startswith("ray::") and r["memory_bytes"] is not None
+               and str(r["command"]).split()[0] not in RAY_OWN_PROCESSES]
     return max(workers, key=lambda r: r["memory_bytes"], default=None)
+
+
+#: Ray's own processes named ``ray::`` like its workers, which run no task: where a kill
+#: came early, the largest of a report was Ray's dashboard agent (fresh user's review 6).
+RAY_OWN_PROCESSES = frozenset({
+    "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE", "ray::IDLE_SPILL_WORKER",
+    "ray::IDLE_RESTORE_WORKER", "ray::_StatsActor",
+})
 
 
 #: Ray's parts of scheduling and pickup (tracer_tables.sql), with their column titles.
