@@ -162,12 +162,15 @@ def test_events_split_across_chunks_parse_whole(
         ('{"metadata": {}}', "no 'traceEvents'"),
         ('{"traceEvents": 3}', "'traceEvents' is not a list"),
         ("[] []", "unexpected data after the trace"),
+        ("[]", "holds no events"),  # (an empty trace would read as a run of no tasks)
+        ('{"traceEvents": []}', "holds no events"),
     ],
 )
 def test_bad_input_is_one_error_line(content: str, needle: str, tmp_path: Path) -> None:
     src = tmp_path / "bad.json"
     src.write_text(content)
     assert_one_line_error(tracer("convert", src), str(src), needle)
+    assert not (tmp_path / "bad.perfetto-trace").exists()  # nothing written
 
 
 def test_missing_folder_and_self_overwrite_are_errors(tmp_path: Path) -> None:

@@ -99,6 +99,16 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve() == source.resolve() or _same_file(out, source):
         raise ChromeJsonError(f"{out}: the output would overwrite the input; give -o TRACE")
     stats = convert(source, out)
+    if not stats.skipped and not stats.slices:
+        # No event at all ([] or {"traceEvents": []}): an empty trace would read as a run
+        # with no tasks, where Ray recorded none (it had run none, or its task events off).
+        with contextlib.suppress(OSError):
+            out.unlink()
+        raise ChromeJsonError(
+            f"{source}: holds no events: Ray's timeline of a cluster that ran no task "
+            "(or with its task events off: RAY_task_events_report_interval_ms=0); "
+            "nothing to convert"
+        )
     if stats.skipped and not stats.slices:
         # Nothing it could place: not Ray's timeline. An empty trace and status 0 would
         # say the run had no tasks.
