@@ -19,7 +19,8 @@ def add_parser(commands: Any) -> None:
         help=HELP,
         description=(
             "Run PerfettoSQL on the trace in trace_processor and print the result of its last "
-            "statement. The tables tracer_task, tracer_execution and tracer_task_latency "
+            "statement. The tables tracer_task, tracer_execution and tracer_task_latency, and "
+            "of Ray's events tracer_ray_span, tracer_ray_state and tracer_ray_match "
             "(tracer/query/sql/tracer_tables.sql) are defined first. Debug annotations are "
             "args named 'debug.<name>': EXTRACT_ARG(arg_set_id, 'debug.task_id')."
         ),
