@@ -81,6 +81,11 @@ def test_summary_as_plain_text(trace: Path) -> None:
     assert stages[0].split()[:3] == ["id", "stage", "tasks"]
     assert set(stages[1]) <= {"-", " "}
     assert stages[2].split()[:3] == ["0", "nap", str(cli_workloads.PARTITIONS)]
+    # 'nap' asks for 1 MiB, below any worker's own memory: at level 1 it looks exceeded,
+    # and the summary says why, under the table.
+    assert stages[2].split()[-1] == str(cli_workloads.PARTITIONS)
+    assert ("Level 1's peaks are the worker's private RSS, its own ~60-120 MiB included: "
+            "requests below that always look exceeded") in out
     # The workers' table: Ray's handling of their tasks beside the executions (the run has
     # Ray's events), never below them.
     workers = out.split("\nWorkers: ", 1)[1].split("\n\n", 1)[0].splitlines()

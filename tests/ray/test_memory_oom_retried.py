@@ -136,6 +136,17 @@ def test_a_retried_kill_is_drawn_where_it_happened(retried: dict[str, Any]) -> N
                     and s.args.get(L.ARG_TASK_ID) == "0-1"]
     assert execution.args[L.ARG_RAY_ATTEMPT] == 1 and execution.ts > mark.ts
     assert retried["pids"][1] != killed_pid
+    # The node's memory counters count the killed attempt while it ran: its request, and
+    # its worker's memory at the kill (they had nothing of it: it has no execution), so
+    # the memory that got it killed shows on the node.
+    node_uuid = worker.parent_uuid
+    (used,) = [t.uuid for t in model.tracks.values()
+               if t.name == L.COUNTER_NODE_MEMORY_USED and t.parent_uuid == node_uuid]
+    at_kill = mark.args[L.ARG_MEMORY_AT_KILL]
+    # (counter times are kept to 0.1 ms, and their values in KiB)
+    during = [c for c in model.counters if c.track_uuid == used
+              and attempt.ts - 100_000 <= c.ts < mark.ts]
+    assert during and max(c.value for c in during) >= at_kill - 1024, during
     # The killed worker (one CPU: it ran partition 0 first) leaves its memory counter at
     # the kill, where it had kept partition 0's figures to the trace's end.
     rss = [t.uuid for t in model.tracks.values()

@@ -280,6 +280,15 @@ def render(
             empty="(no tasks in this trace)",
         )
     )
+    stage_rows = records(stages)
+    if info.get("tracing_level") == 1 and any(
+            r["over_request"] and r["memory_requested"] for r in stage_rows):
+        # (a level-1 peak is the worker's, its own memory with it: a request below that
+        # looks exceeded whatever the task used)
+        parts[-1] += "\n" + style.dim(
+            "Level 1's peaks are the worker's private RSS, its own ~60-120 MiB included: "
+            "requests below that always look exceeded. Trace at level 2 (memray) to judge "
+            "requests by what each task allocated")
     if unfinished:  # (not failed, not done: a run that stopped, or a cut trace)
         said = ", ".join(f"{n} of '{fmt_name(name, style)}'" for name, n in unfinished)
         parts[-1] += f"\nUnfinished (in flight when the trace ended): {said}"

@@ -128,6 +128,10 @@ class _Expected:
         self.phases_drawn = False
 
 
+#: How long the node counters wait for a task's failed attempts (Ray reports its events
+#: about a second late; a read may take its budget).
+_ATTEMPTS_WAIT_NS = 30_000_000_000
+
 #: Called with an attempt that failed and that Ray ran again: the task (None: not known),
 #: its id, its stage's name, and Ray's events of the failed attempt.
 FailedAttempt = Callable[[Optional["TimelineTask"], str, str, "RayTaskEvents"], None]
@@ -160,6 +164,10 @@ class RayPhases:
         #: Drawn executions of a retry (Ray's attempt > 0), by Ray's task id: where its
         #: failed attempts belong when their events come in a later read (bounded).
         self._retries: dict[str, _Expected] = {}
+        #: Tasks whose failed attempts' events are still to come (a retry drawn, or a task
+        #: failed with no execution), by Ray's task id: when the task was dispatched, the
+        #: earliest their attempts can be drawn at (see :meth:`attempts_since`).
+        self._attempts_due: dict[str, tuple[int, int]] = {}  # (dispatch, since when due)
 
     def expect(
         self, ray_task_id: str, attempt: int, task: TimelineTask | None, task_id: str,
@@ -168,12 +176,33 @@ class RayPhases:
         """An execution (that ended at ``end``) was drawn: its Ray events are wanted."""
         if self.enabled and ray_task_id:
             self._expected[(ray_task_id, attempt)] = _Expected(task, task_id, worker, name, end)
+            if attempt and task is not None and task.dispatch_ts is not None:
+                self._attempts_due[ray_task_id] = (task.dispatch_ts, self.writer.now())
 
     def expect_states(self, ray_task_id: str, task: TimelineTask, name: str) -> None:
         """``task`` (of the stage ``name``) failed with no execution drawn: its Ray states
         are wanted, those of its attempts (drawn once Ray recorded the last one's end)."""
         if self.enabled and ray_task_id:
             self._states_only[ray_task_id] = (task, name)
+            if task.dispatch_ts is not None:
+                self._attempts_due[ray_task_id] = (task.dispatch_ts, self.writer.now())
+
+    def give_up_attempts(self) -> None:
+        """Ray's events are read for the last time: nothing waits for failed attempts."""
+        self._attempts_due.clear()
+
+    def attempts_since(self, now: int) -> int | None:
+        """The earliest dispatch of a task whose failed attempts may still be drawn (None:
+        none): their node memory steps go there, so the node's counters wait for them.
+        Not for longer than :data:`_ATTEMPTS_WAIT_NS` (Ray's events of a task may never
+        come: its caps, a read that fails)."""
+        due = self._attempts_due
+        if not due:
+            return None
+        stale = [k for k, (_, since) in due.items() if now - since > _ATTEMPTS_WAIT_NS]
+        for key in stale:
+            del due[key]
+        return min((dispatch for dispatch, _ in due.values()), default=None)
 
     def wanted(self) -> list[str]:
         """Ray task ids whose events are still wanted (each once, whatever its attempts)."""
@@ -235,6 +264,7 @@ class RayPhases:
             for ray_task_id, attempts in self._attempts(ordered).items():
                 if attempts[-1].ended or final:
                     task, name = self._states_only.pop(ray_task_id)
+                    self._attempts_due.pop(ray_task_id, None)
                     self.draw_attempts_states(task, name, attempts)
                     for ev in attempts[:-1]:  # those Ray ran it again after
                         self._failed_attempt(task, task.task_id, name, ev)
@@ -264,6 +294,7 @@ class RayPhases:
                     if len(self._retries) >= 10_000:
                         self._retries.clear()
                     self._retries[ev.ray_task_id] = exp
+                    self._attempts_due.pop(ev.ray_task_id, None)
         if failed is not None:
             self._failed_before_retries(failed)
         return done

@@ -586,6 +586,10 @@ class RunTimeline:
         since = self._awaited.since()
         if since is not None and (watermark is None or since < watermark):
             watermark = since
+        if self._ray.enabled:
+            due = self._ray.attempts_since(self.writer.now())
+            if due is not None and (watermark is None or due < watermark):
+                watermark = due  # (their node memory steps start after the dispatch)
         self.memory.settle(watermark)
         if watermark is not None:
             self.nodes.forget_before(watermark)
@@ -735,6 +739,16 @@ class RunTimeline:
             self.mark(track, L.INSTANT_TASK_FAILED, failed_at, mark)
         if ev.oom_killed:
             self.workers_killed(node_id, [pid for pid, _ in ev.oom_killed], failed_at)
+        if node_id is not None and (ev.oom_used or (task is not None and args.get(
+                L.ARG_MEMORY_REQUESTED))):
+            # The node's counters hold its request and its memory at the kill while it ran
+            # (as for a task killed for good): the memory that got it killed shows there.
+            start = ran_from if ran_from is not None else (
+                task.dispatch_ts if task is not None and task.dispatch_ts is not None
+                else failed_at)
+            self.memory.killed(self.nodes.node(node_id).track, min(start, failed_at),
+                               failed_at, int(args.get(L.ARG_MEMORY_REQUESTED) or 0),
+                               int(ev.oom_used))
 
     # ------------------------------------------------------------ actor pools
 
@@ -805,6 +819,7 @@ class RunTimeline:
         """
         # What waited for executions from Ray's events is written now, with or without them.
         self._awaited.give_up()
+        self._ray.give_up_attempts()
         self.finish()
         if self._ray.enabled:
             args: dict[str, int | str] = {
