@@ -161,6 +161,11 @@ def test_a_retried_kill_is_drawn_where_it_happened(retried: dict[str, Any]) -> N
 def test_the_answers_count_the_kill_and_size_the_request_by_it(retried: dict[str, Any]) -> None:
     trace = retried["trace"]
     assert_engines_agree(trace)
+    model = read_trace(trace)
+    (mark,) = [i for i in model.instants if i.name == L.INSTANT_TASK_FAILED]
+    killed_worker = model.tracks[mark.track_uuid]
+    killed_node = model.tracks[killed_worker.parent_uuid]
+    (attempt,) = [s for s in model.slices if s.category == L.CAT_ATTEMPT]
     for engine in ("reader", "trace_processor"):
         with TraceQuery(trace, QueryConfig(engine=engine)) as q:
             (retry,) = records(q.task_retries())
@@ -169,11 +174,17 @@ def test_the_answers_count_the_kill_and_size_the_request_by_it(retried: dict[str
             assert retry["error_type"] == "OutOfMemoryError"
             at_kill = retry["memory_at_kill"]
             assert at_kill > 300 * MIB
+            # Where the attempt failed, and how long it ran first (work done again).
+            assert (retry["failed_node"], retry["failed_worker"]) == (
+                killed_node.name, killed_worker.name)
+            assert retry["lost_ns"] == attempt.dur
             (stage,) = records(q.memory_by_stage())
             assert stage["oom_killed"] == 1, engine
             (flagged,) = [r for r in records(q.memory_flagged()) if r["task_id"] == "0-1"]
             assert flagged["reason"] == "oom killed" and flagged["peak_bytes"] == at_kill
             assert flagged["peak_source"] == "at kill"
+            # On the worker Ray killed, not the one its retry ran on (fresh user's review 7).
+            assert (flagged["node"], flagged["worker"]) == (killed_node.name, killed_worker.name)
             (suggestion,) = records(q.memory_suggestions())
             assert suggestion["suggested_bytes"] >= at_kill > REQUEST  # more, not less
             assert set(q.oom_reports()["task_id"]) == {"0-1"}
@@ -181,6 +192,7 @@ def test_the_answers_count_the_kill_and_size_the_request_by_it(retried: dict[str
                          capture_output=True, text=True, check=True).stdout
     assert "Retried tasks: Ray ran them again (1;" in out, out
     assert "OutOfMemoryError at " in out and "1 of 'hog'" in out, out
+    assert "The failed attempts seen ran " in out and killed_worker.name in out, out
 
 
 def test_a_memory_budget_test_fails_on_a_kill_ray_retried(retried: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from trace_checks import (
     track_path,
 )
 
+from tracer.query import QueryConfig, TraceQuery, records
 from tracer.ray import RayFunctionWrapper, ResourceRequest, ray_tracer
 from tracer.ray import layout as L
 from tracer.runner import Pipeline, PipelineTimeoutError, Stage
@@ -159,6 +160,12 @@ def test_crashed_attempt_is_retried_and_counted(tmp_path: Path, markers: str) ->
         assert L.ARG_RAY_ATTEMPTS not in tasks[task_id][0].args
         assert L.ARG_RAY_ATTEMPT not in executions[task_id][0].args
     assert len(model.flows) == N
+    # The crashed attempt, from Ray's events: why, and that Ray ran it again (both engines).
+    for engine in ("reader", "trace_processor"):
+        (row,) = records(TraceQuery(path, QueryConfig(engine=engine)).task_retries())
+        assert (row["task_id"], row["status"], row["ray_attempts"]) == ("0-2", "ok", 2)
+        assert (row["unmeasured_attempts"], row["failed_attempts_seen"]) == (1, 1), row
+        assert row["error_type"] == "WorkerCrashedError", row
 
 
 def test_crash_without_retry_is_a_failure_on_the_worker(tmp_path: Path) -> None:
@@ -211,6 +218,15 @@ def test_retried_exception_shows_every_attempt(
     assert len(model.flows) == 2 * N
     assert execution_slice(model).args[L.ARG_LOST_MEASUREMENTS] == 0
     assert_engines_agree(path)
+    # The retried tasks' table says why the first attempt failed, where, and what it cost:
+    # the measured failed execution (it said nothing, fresh user's review 7).
+    worker = model.tracks[first.track_uuid]
+    for engine in ("reader", "trace_processor"):
+        (row,) = records(TraceQuery(path, QueryConfig(engine=engine)).task_retries())
+        assert (row["task_id"], row["ray_attempts"], row["failed_attempts_seen"]) == (
+            "0-1", 2, 1), row
+        assert row["error_type"] == "ValueError" and row["lost_ns"] == first.dur
+        assert row["failed_worker"] == worker.name
 
 
 def test_retries_exhausted_every_attempt_once(tmp_path: Path) -> None:

@@ -119,15 +119,24 @@ def _retries(retries: pd.DataFrame, style: Style) -> str:
     """Which tasks Ray ran again, and why: an OOM kill that Ray retried was nowhere in the
     summary (its run looked slow in Ray's queue, and its memory fine)."""
     rows = []
-    for row in records(retries)[:RETRIES_SHOWN]:
+    every = records(retries)
+    for row in every[:RETRIES_SHOWN]:
         why = str(row["error_type"] or "")
         if row["memory_at_kill"] is not None:
             why = f"{why} at {fmt_bytes(row['memory_at_kill'], style)}"
         if not why and row["unmeasured_attempts"]:
             why = "not measured (its worker died: crashed, killed or lost with its node)"
-        rows.append({**row, "why": why or "-"})
+        where = " ".join(str(p) for p in (row["failed_node"], row["failed_worker"]) if p)
+        rows.append({**row, "why": why or "-", "where": where or None})
     shown = f"the first {RETRIES_SHOWN} of {len(retries)}" if len(retries) > len(rows) \
         else f"{len(rows)}"
+    lost = [r["lost_ns"] for r in every if r["lost_ns"] is not None]
+    notes = []
+    if lost:
+        notes.append(f"The failed attempts seen ran {fmt_dur(sum(lost), style)} in all before "
+                     "they failed (work done again).")
+    if any(r["status"] == "ok" for r in rows):
+        notes.append("A retried task's scheduling time includes its attempts that failed.")
     return render_table(
         f"Retried tasks: Ray ran them again ({shown}; --json has them all)",
         [
@@ -135,13 +144,14 @@ def _retries(retries: pd.DataFrame, style: Style) -> str:
             name_column("stage", "stage"),
             Column("status", "status", right=False),
             Column("attempts", "ray_attempts", fmt_count),
-            Column("why an attempt failed", "why", right=False, max_width=80),
+            Column("why the first failed attempt failed", "why", right=False, max_width=80),
+            name_column("where", "where"),
+            Column("lost", "lost_ns", fmt_dur),
             name_column("ran last on", "node"),
         ],
         rows,
         style,
-    ) + ("\nTheir scheduling time includes the attempts that failed."
-         if any(r["status"] == "ok" for r in rows) else "")
+    ) + "".join("\n" + n for n in notes)
 
 
 #: The failed tasks the summary lists (all are in --json and TraceQuery.task_failures()).

@@ -365,20 +365,34 @@ def task_retries(rows: TraceRows) -> list[Row]:
     # task_id -> (the highest Ray attempt of its executions, its last execution's node)
     ran: dict[Any, tuple[int, Any]] = {}
     attempts = rows.execution_attempts
+    by_task: dict[Any, list[tuple[Any, ...]]] = defaultdict(list)
     for e in rows.executions:  # in (start_ts, id) order: the last one's node stays
         before = ran.get(e[2])
         highest = max(before[0] if before else 0, _int(attempts.get(e[0])))
         ran[e[2]] = (highest, e[9])
-    # task_id -> (failed attempts seen, the first one's error type, the largest kill)
-    failed: dict[Any, tuple[int, Any, Any]] = {}
-    for task_id, _, _, error_type, used in sorted(rows.retried_marks, key=lambda m: (m[1], m[2])):
+        by_task[e[2]].append(e)
+    # Failed attempts: (task_id, ts, id, error_type, memory, node, worker, lost)
+    failed_rows: list[tuple[Any, ...]] = [(*m, None) for m in rows.retried_marks]
+    errors = rows.execution_errors
+    for task_id, execs in by_task.items():
+        last = max(execs, key=lambda e: (e[1], e[0]))
+        for e in execs:  # measured failures before the task's last execution
+            if e is not last and e[8] in (L.STATUS_FAILED, L.STATUS_CANCELLED):
+                failed_rows.append(
+                    (task_id, e[4], e[0], errors.get(e[0]), None, e[9], e[10], e[4] - e[1]))
+    # task_id -> (seen, first's error type, largest memory, first's node, worker, lost)
+    failed: dict[Any, list[Any]] = {}
+    for task_id, _, _, error_type, used, node, worker, lost in sorted(
+            failed_rows, key=lambda m: (m[1], m[2])):
         seen = failed.get(task_id)
         if seen is None:
-            failed[task_id] = (1, error_type, used)
-        else:
-            largest = seen[2] if used is None or (seen[2] is not None and seen[2] >= used) \
-                else used
-            failed[task_id] = (seen[0] + 1, seen[1], largest)
+            failed[task_id] = [1, error_type, used, node, worker, lost]
+            continue
+        seen[0] += 1
+        if used is not None and (seen[2] is None or used > seen[2]):
+            seen[2] = used
+        if lost is not None:
+            seen[5] = lost if seen[5] is None else seen[5] + lost
     out: list[Row] = []
     for t in rows.tasks:  # in (created_ts, id) order
         said = rows.task_attempts.get(t[0])
@@ -388,6 +402,8 @@ def task_retries(rows: TraceRows) -> list[Row]:
                     marks[0] + 1 if marks else 1)
         if count < 2:
             continue
+        ran_for = rows.attempt_time.get(t[2])
+        lost = marks[5] if marks else None
         out.append({
             "task_id": t[2], "attempt": t[3], "stage_id": t[4], "stage": t[5],
             "status": "ok" if t[6] is None else t[6], "ray_attempts": count,
@@ -395,6 +411,9 @@ def task_retries(rows: TraceRows) -> list[Row]:
             "failed_attempts_seen": marks[0] if marks else 0,
             "error_type": marks[1] if marks else None,
             "memory_at_kill": marks[2] if marks else None,
+            "failed_node": marks[3] if marks else None,
+            "failed_worker": marks[4] if marks else None,
+            "lost_ns": None if lost is None and ran_for is None else (lost or 0) + (ran_for or 0),
             "node": execution[1] if execution else None,
         })
     return out
@@ -553,8 +572,25 @@ def memory_by_node(latency: Latency) -> list[Row]:
     return out
 
 
-def memory_flagged(latency: Latency) -> list[Row]:
-    """``memory_flagged.sql``."""
+def retried_kill_places(rows: TraceRows) -> dict[Any, tuple[Any, Any, Any]]:
+    """Per task, its largest kill in an attempt Ray ran again: (memory, node, worker) of
+    that attempt's mark (``memory_flagged.sql``'s retried_kill)."""
+    places: dict[Any, tuple[Any, Any, Any]] = {}
+    best: dict[Any, tuple[Any, int, int]] = {}
+    for task_id, ts, id_, _, used, node, worker in rows.retried_marks:
+        if used is None:
+            continue
+        key = best.get(task_id)
+        if key is None or used > key[0] or (used == key[0] and (ts, id_) < key[1:]):
+            best[task_id] = (used, ts, id_)
+            places[task_id] = (used, node, worker)
+    return places
+
+
+def memory_flagged(
+    latency: Latency, retried_kills: dict[Any, tuple[Any, Any, Any]] | None = None
+) -> list[Row]:
+    """``memory_flagged.sql``; ``retried_kills``: :func:`retried_kill_places`."""
     out: list[Row] = []
     for r in latency:
         killed = r[MEM_AT_KILL] is not None
@@ -566,14 +602,19 @@ def memory_flagged(latency: Latency) -> list[Row]:
         at_kill = killed and (r[MEM_PEAK] is None or r[MEM_AT_KILL] > r[MEM_PEAK])
         peak = r[MEM_AT_KILL] if at_kill else r[MEM_PEAK]
         has_request = requested is not None and requested > 0
+        node, worker = r[NODE], r[WORKER]
+        if at_kill and retried_kills:
+            place = retried_kills.get(r[TASK_ID])
+            if place is not None and place[0] == peak:  # where that kill was, not its retry
+                node, worker = place[1], place[2]
         out.append(
             {
                 "task_id": r[TASK_ID],
                 "attempt": r[ATTEMPT],
                 "stage_id": r[STAGE_ID],
                 "stage": r[STAGE],
-                "node": r[NODE],
-                "worker": r[WORKER],
+                "node": node,
+                "worker": worker,
                 "reason": "oom killed" if killed else "over request",
                 "requested_bytes": requested,
                 "peak_bytes": peak,

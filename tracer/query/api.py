@@ -369,7 +369,8 @@ class TraceQuery:
     def memory_flagged(self) -> pd.DataFrame:
         """The task attempts whose measured peak exceeded their memory request, worst first."""
         return self._analysis(
-            "memory_flagged", lambda: analyses.memory_flagged(self._latency_rows())
+            "memory_flagged", lambda: analyses.memory_flagged(
+                self._latency_rows(), analyses.retried_kill_places(self._reader_rows()))
         )
 
     def oom_reports(self) -> pd.DataFrame:

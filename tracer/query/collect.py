@@ -136,8 +136,13 @@ class TraceRows(TraceVisitor):
         #: Tasks with an attempt Ray's OOM killer killed and Ray ran again: task_id -> the
         #: largest memory at such a kill.
         self.retried_kills: dict[Any, Any] = {}
-        #: Those attempts' marks: (task_id, ts, id, error_type, memory at the kill or None).
-        self.retried_marks: list[tuple[Any, int, int, Any, Any]] = []
+        #: Those attempts' marks: (task_id, ts, id, error_type, memory at the kill or None,
+        #: track uuid), the uuid resolved to (node, worker) by finish().
+        self.retried_marks: list[tuple[Any, ...]] = []
+        #: 'failed attempt' slices (category attempt): task_id -> their durations, summed.
+        self.attempt_time: dict[Any, int] = {}
+        #: Executions that failed or were cancelled: id -> their error type.
+        self.execution_errors: dict[int, Any] = {}
         # 'dispatched' slices whose task slice was not handed over yet: parent id -> timestamps.
         self._children: dict[int, list[int]] = {}
         self._strings: dict[str, str] = {}  # one copy of each repeated string (stage names...)
@@ -225,6 +230,10 @@ class TraceRows(TraceVisitor):
                 ))
         elif category == L.CAT_SCHEDULER and s.name not in _LOOP_NAMES:
             self._ray(s)
+        elif category == L.CAT_ATTEMPT:
+            if dur is not None and dur >= 0:
+                task_id = arg(s.args, L.ARG_TASK_ID)
+                self.attempt_time[task_id] = self.attempt_time.get(task_id, 0) + dur
         elif category == L.CAT_SCHEDULER:
             if s.name == L.SLICE_EXECUTION and s.depth == 0:
                 key = (ts, s.id)
@@ -273,7 +282,7 @@ class TraceRows(TraceVisitor):
             if i.name == L.INSTANT_TASK_FAILED and arg(i.args, L.ARG_RETRIED) is not None:
                 used = byte_amount(i.args, L.ARG_MEMORY_AT_KILL)
                 self.retried_marks.append(
-                    (task_id, i.ts, i.id, arg(i.args, L.ARG_ERROR_TYPE), used))
+                    (task_id, i.ts, i.id, arg(i.args, L.ARG_ERROR_TYPE), used, i.track_uuid))
                 if used is not None:  # as tracer_retried_kill: the largest of a task's
                     old = self.retried_kills.get(task_id)
                     if old is None or used > old:
@@ -341,6 +350,9 @@ class TraceRows(TraceVisitor):
         ray_attempt = arg(args, L.ARG_RAY_ATTEMPT)
         if ray_attempt:
             self.execution_attempts[s.id] = ray_attempt
+        status = arg(args, L.ARG_STATUS)
+        if status == L.STATUS_FAILED or status == L.STATUS_CANCELLED:
+            self.execution_errors[s.id] = arg(args, L.ARG_ERROR_TYPE)
         peak = byte_amount(args, L.ARG_MEMORY_PEAK)
         source = None
         if peak is not None:
@@ -410,6 +422,7 @@ class TraceRows(TraceVisitor):
         self.executions = executions
         self._resolve_marks(tracks)
         self._resolve_ray(tracks)
+        self.retried_marks = [(*m[:5], *_place_of_mark(tracks, m[5])) for m in self.retried_marks]
 
     def _resolve_marks(self, tracks: dict[int, TrackInfo]) -> None:
         """As tracer_mark: a mark on a node's track, or on a worker's under one; of two
@@ -546,6 +559,20 @@ def _worker_of(tracks: dict[int, TrackInfo], uuid: int) -> tuple[str | None, str
         assert parent is not None and grandparent is not None
         return grandparent.name, parent.name
     return None
+
+
+def _place_of_mark(tracks: dict[int, TrackInfo], uuid: int) -> tuple[str | None, str | None]:
+    """(node, worker) of a mark on a node's track, or on a worker's under one; (None, None)
+    elsewhere (as task_retries.sql's failed_attempt)."""
+    track = tracks.get(uuid)
+    if _is_node(track):
+        assert track is not None
+        return track.name, None
+    parent = _parent(tracks, track)
+    if _is_node(parent):
+        assert track is not None and parent is not None
+        return parent.name, track.name
+    return None, None
 
 
 def _least(a: str | None, b: str | None) -> str | None:

@@ -69,6 +69,9 @@ SCHEMAS: dict[str, list[tuple[str, Kind]]] = {
         ("failed_attempts_seen", _I),
         ("error_type", _S),
         ("memory_at_kill", _I),
+        ("failed_node", _S),
+        ("failed_worker", _S),
+        ("lost_ns", _I),
         ("node", _S),
     ],
     "stage_queues": [

@@ -116,4 +116,5 @@ def memory_by_node(model: TraceModel, latency: list[Row] | None = None) -> list[
 
 def memory_flagged(model: TraceModel, latency: list[Row] | None = None) -> list[Row]:
     """``memory_flagged.sql``."""
-    return analyses.memory_flagged(_latency(model, latency))
+    return analyses.memory_flagged(
+        _latency(model, latency), analyses.retried_kill_places(_rows(model)))

@@ -132,9 +132,10 @@ class _Expected:
 #: about a second late; a read may take its budget).
 _ATTEMPTS_WAIT_NS = 30_000_000_000
 
-#: Called with an attempt that failed and that Ray ran again: the task (None: not known),
-#: its id, its stage's name, and Ray's events of the failed attempt.
-FailedAttempt = Callable[[Optional["TimelineTask"], str, str, "RayTaskEvents"], None]
+#: Called with an attempt that failed: the task (None: not known), its id, its stage's
+#: name, Ray's events of the failed attempt, and whether it was the task's last (False:
+#: Ray ran the task again; True: the task failed with it, and the producer said so).
+FailedAttempt = Callable[[Optional["TimelineTask"], str, str, "RayTaskEvents", bool], None]
 
 
 class RayPhases:
@@ -268,6 +269,7 @@ class RayPhases:
                     self.draw_attempts_states(task, name, attempts)
                     for ev in attempts[:-1]:  # those Ray ran it again after
                         self._failed_attempt(task, task.task_id, name, ev)
+                    self._failed_attempt(task, task.task_id, name, attempts[-1], last=True)
                     done += 1
         failed: list[RayTaskEvents] | None = None  # attempts that failed, not expected
         for ev in ordered:
@@ -314,7 +316,8 @@ class RayPhases:
                 self._failed_attempt(exp.task, exp.task_id, exp.name, ev)
 
     def _failed_attempt(
-        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents
+        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents,
+        last: bool = False,
     ) -> None:
         key = (ev.ray_task_id, ev.attempt)
         if ev.failed_at is None or key in self._failed_told or self.on_failed_attempt is None:
@@ -322,7 +325,7 @@ class RayPhases:
         if len(self._failed_told) >= 100_000:
             self._failed_told.clear()
         self._failed_told.add(key)
-        self.on_failed_attempt(task, task_id, name, ev)
+        self.on_failed_attempt(task, task_id, name, ev, last)
 
     def _phases(self, exp: _Expected, ev: RayTaskEvents) -> None:
         # Drawn for every task, by the thread that reads Ray's events: the clamps are

@@ -88,6 +88,8 @@ Measurements = dict[str, Any]
 
 #: Error types that mean a task was cancelled (Ray's, and what a task sees inside).
 CANCEL_ERRORS = frozenset({"TaskCancelledError", "KeyboardInterrupt"})
+#: Errors of an attempt whose worker process is gone with it (its counters end there).
+_WORKER_GONE = frozenset({"WorkerCrashedError", "OutOfMemoryError", "NodeDiedError"})
 
 _T = TypeVar("_T", bound="TimelineTask")
 
@@ -677,7 +679,7 @@ class RunTimeline:
                 self.execution(m, task)  # its phases are drawn with it (expected now)
                 drawn = True
             elif i < len(attempts):  # Ray ran it again
-                self._attempt_failed(task, task.task_id, self.stage_name(task), ev)
+                self._attempt_failed(task, task.task_id, self.stage_name(task), ev, False)
             elif ev.failed_at is not None and ev.ran and (ev.worker_pid or ev.node_id):
                 cancelled = ev.error_type in CANCEL_ERRORS
                 self.mark(
@@ -695,16 +697,24 @@ class RunTimeline:
             self.stages.write(stage)
 
     def _attempt_failed(
-        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents
+        self, task: TimelineTask | None, task_id: str, name: str, ev: RayTaskEvents,
+        last: bool,
     ) -> None:
         """An attempt of ``task`` failed (Ray's events ``ev``) and Ray ran the task again:
         a ``task failed`` mark where it failed (``retried``; with Ray's OOM report where it
         was killed for memory), and a ``failed attempt`` slice on its worker from when it
         ran, where Ray's events say it ran; the workers Ray killed then leave the memory
         counters. Without this, a kill that Ray retried was nowhere but in the task's
-        attempt count: not in the OOM reports, the kill counts nor the suggestions."""
+        attempt count: not in the OOM reports, the kill counts nor the suggestions.
+        ``last``: the attempt the task failed with, which the producer marked already
+        (from the error it received): its slice only, where it ran."""
         failed_at = ev.failed_at
         if failed_at is None:
+            return
+        if last:
+            self._failed_attempt_slice(name, ev, failed_at, {
+                L.ARG_TASK_ID: task_id, L.ARG_RAY_ATTEMPT: ev.attempt,
+                L.ARG_ERROR_TYPE: ev.error_type, L.ARG_ERROR: ev.error})
             return
         node_id = ev.node_id or None
         if node_id is None and not ev.worker_pid:
@@ -719,17 +729,8 @@ class RunTimeline:
             args[L.ARG_MEMORY_REQUESTED] = int(task.request.memory_bytes)
         if ev.oom_used:
             args[L.ARG_MEMORY_AT_KILL] = ev.oom_used
-        ran_from = next((ts for state, ts in ev.states if state == L.STATE_RUNNING), None)
+        ran_from = self._failed_attempt_slice(name, ev, failed_at, args)
         with self.late_batch():  # a second or more late
-            if ran_from is not None and ev.worker_pid and node_id is not None:
-                node = self.nodes.node(node_id)
-                worker = self.nodes.worker(node, ev.worker_pid)
-                start, end = min(ran_from, failed_at), failed_at
-                self.writer.complete(
-                    self.nodes.execution_track(worker, start, end),
-                    L.SLICE_FAILED_ATTEMPT_PREFIX + name, start, end,
-                    category=L.CAT_ATTEMPT, args=args,
-                )
             mark = dict(args)
             if ev.oom_top:
                 mark[L.ARG_OOM_TOP_MEMORY_USERS] = [
@@ -737,8 +738,11 @@ class RunTimeline:
                     for pid, used, command in ev.oom_top
                 ]
             self.mark(track, L.INSTANT_TASK_FAILED, failed_at, mark)
-        if ev.oom_killed:
-            self.workers_killed(node_id, [pid for pid, _ in ev.oom_killed], failed_at)
+        gone = [pid for pid, _ in ev.oom_killed]
+        if ev.worker_pid and ev.error_type in _WORKER_GONE:
+            gone.append(ev.worker_pid)
+        if gone:
+            self.workers_killed(node_id, gone, failed_at)
         if node_id is not None and (ev.oom_used or (task is not None and args.get(
                 L.ARG_MEMORY_REQUESTED))):
             # The node's counters hold its request and its memory at the kill while it ran
@@ -749,6 +753,25 @@ class RunTimeline:
             self.memory.killed(self.nodes.node(node_id).track, min(start, failed_at),
                                failed_at, int(args.get(L.ARG_MEMORY_REQUESTED) or 0),
                                int(ev.oom_used))
+
+    def _failed_attempt_slice(
+        self, name: str, ev: RayTaskEvents, failed_at: int, args: dict[str, Any]
+    ) -> int | None:
+        """The ``failed attempt`` slice of ``ev`` on its worker, from when Ray's events say
+        it ran until it failed (none where they do not say); when it ran."""
+        ran_from = next((ts for state, ts in ev.states if state == L.STATE_RUNNING), None)
+        node_id = ev.node_id or None
+        if ran_from is not None and ev.worker_pid and node_id is not None:
+            node = self.nodes.node(node_id)
+            worker = self.nodes.worker(node, ev.worker_pid)
+            start, end = min(ran_from, failed_at), failed_at
+            with self.late_batch():  # a second or more late
+                self.writer.complete(
+                    self.nodes.execution_track(worker, start, end),
+                    L.SLICE_FAILED_ATTEMPT_PREFIX + name, start, end,
+                    category=L.CAT_ATTEMPT, args=args,
+                )
+        return ran_from
 
     # ------------------------------------------------------------ actor pools
 
