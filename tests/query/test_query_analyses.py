@@ -241,6 +241,7 @@ def test_synthetic_run_info_and_warnings(synthetic: Path) -> None:
         # and its run's slice never ended: no error said
         "error_type": None, "error": None, "memory_request_mismatches": None,
         "memray_per_task": None, "memray_per_task_reason": None,
+        "lost_measurements": None, "measurements_stopped": None,
     }
     assert q.engine == "reader"
     (warning,) = q.warnings()

@@ -656,3 +656,64 @@ def test_an_error_while_tracing_stops_tracing_not_the_pipeline(
              and s.dur is not None]
     assert len(ended) >= 2  # what was traced before the error is there
     assert not reads_after_the_bug  # nor is Ray asked for its events of a trace given up
+
+
+def slow_where(batch: dict[str, Any]) -> dict[str, Any]:
+    import time
+
+    time.sleep(0.3)
+    return where(batch)
+
+
+def test_a_metrics_actor_killed_mid_run_is_said_and_the_next_run_is_measured(
+    tmp_path: Path,
+) -> None:
+    """Ray's OOM killer may kill tracer's metrics actor (fresh user's review 7): the run
+    goes on, the trace says when and why its measurements stopped (an instant, run_info,
+    the summary's header), and the next execution gets a new actor, measured again (the
+    failed one was kept for the process's life)."""
+    import subprocess
+    import sys
+
+    from tracer.integrations.ray_data.channel import channel
+    from tracer.query import records
+
+    traced_data.enable(level=1, path=tmp_path / "killed")
+    ds = ray.data.range(8, override_num_blocks=8).map_batches(slow_where, batch_size=None)
+    it = iter(ds.iter_batches(batch_size=1, prefetch_batches=0))
+    rows = [next(it)]
+    actor = channel()._actor
+    assert actor is not None
+    ray.kill(actor, no_restart=True)
+    rows.extend(it)
+    assert sorted(int(b["id"][0]) for b in rows) == list(range(8))  # the run is whole
+    traced_data.disable()
+    trace = only_trace(tmp_path / "killed")
+    tracer_ray_wait(trace)
+    model, _ = load_data_trace(trace)
+    (stopped,) = [i for i in model.instants if i.name == L.INSTANT_MEASUREMENTS_STOPPED]
+    assert "metrics actor failed" in stopped.args[L.ARG_REASON]
+    for engine in ("reader", "trace_processor"):
+        info = TraceQuery(trace, QueryConfig(engine=engine)).run_info()
+        assert "metrics actor failed" in info[L.ARG_MEASUREMENTS_STOPPED], info
+    out = subprocess.run([sys.executable, "-m", "tracer", "summary", str(trace)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "the measurements stopped during the run: metrics actor failed" in out, out
+
+    traced_data.enable(level=1, path=tmp_path / "after")
+    assert len(ray.data.range(4, override_num_blocks=2).map_batches(where).take_all()) == 4
+    traced_data.disable()
+    after = only_trace(tmp_path / "after")
+    tracer_ray_wait(after)
+    model, _ = load_data_trace(after)
+    assert not [i for i in model.instants if i.name in (
+        L.INSTANT_MEASUREMENTS_STOPPED, L.INSTANT_METRICS_LOST)]
+    measured = [s for s in model.slices if s.category == L.CAT_EXECUTION
+                and s.args.get(L.ARG_MEMORY_PEAK)]
+    assert len(measured) == 2, records(TraceQuery(after).task_latency())
+
+
+def tracer_ray_wait(trace: Path) -> None:
+    import tracer.ray
+
+    assert tracer.ray.wait_for_traces(trace, timeout=30)

@@ -439,6 +439,14 @@ def _header(trace: str, engine: str, info: dict[str, Any], style: Style) -> str:
         header += (f"\n{fmt_count(mismatches, style)} executions' memory requests are what "
                    "Ray reserved, not what their task said (kept as "
                    "memory_requested_by_runner)")
+    lost = info.get(L.ARG_LOST_MEASUREMENTS)
+    stopped = info.get(L.ARG_MEASUREMENTS_STOPPED)
+    if lost or stopped:
+        header += (f"\n{fmt_count(lost or 0, style)} tasks' measurements were lost (no "
+                   "execution drawn for them: the 'task measurements lost' marks on the "
+                   "dispatch loop say why)")
+        if stopped:
+            header += f"; the measurements stopped during the run: {str(stopped)[:200]}"
     per_task = info.get(L.ARG_MEMRAY_PER_TASK)
     if per_task:
         reason = " ".join(str(info.get(L.ARG_MEMRAY_PER_TASK_REASON) or "").split())

@@ -210,7 +210,10 @@ class TraceQuery:
         Ray reserved another memory for than their ``ResourceRequest`` said (their
         ``memory_requested`` is Ray's); ``memray_per_task``, the executions level 2
         measured with a memray tracker each (the slower way), and
-        ``memray_per_task_reason``, why. Each None when the trace does not say.
+        ``memray_per_task_reason``, why; ``lost_measurements``, the tasks whose
+        measurements never came, and ``measurements_stopped``, why the channel that
+        carried them stopped during the run (Ray Data's metrics actor failed). Each
+        None when the trace does not say.
 
         Read from the dispatch loop's ``execution`` slice and its ``Ray's
         events read`` instant (the first ones, if the trace holds several).

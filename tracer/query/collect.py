@@ -54,7 +54,7 @@ __all__ = ["PHASES", "RAY_EVENTS_INFO", "RUN_INFO", "TraceRows", "rows_from_mode
 RUN_INFO = ("execution_id", "runner", "tracing_level", L.ARG_DRIVER_GC_COLLECTIONS,
             L.ARG_DRIVER_GC_NS, L.ARG_DRIVER_GC_LONGEST_NS, L.ARG_ERROR_TYPE, L.ARG_ERROR,
             L.ARG_MEMORY_REQUEST_MISMATCHES, L.ARG_MEMRAY_PER_TASK,
-            L.ARG_MEMRAY_PER_TASK_REASON)
+            L.ARG_MEMRAY_PER_TASK_REASON, L.ARG_LOST_MEASUREMENTS, L.ARG_MEASUREMENTS_STOPPED)
 #: ... and from its ``Ray's events read`` instant (None without one: Ray's events were
 #: not read); the trace's args of these names.
 RAY_EVENTS_INFO = (L.ARG_RAY_EVENTS_SOURCE, L.ARG_RAY_EVENTS_MISSING, L.ARG_RAY_EVENTS_DROPPED)

@@ -240,6 +240,12 @@ ARG_RAY_ATTEMPTS = "ray_attempts"
 ARG_UNMEASURED_ATTEMPTS = "unmeasured_attempts"
 #: On the execution slice (END, at close): tasks whose measurements were lost.
 ARG_LOST_MEASUREMENTS = "lost_measurements"
+#: On the execution slice (END), where the channel that carries the tasks' measurements
+#: stopped during the run (Ray Data's metrics actor failed: killed by Ray's OOM killer,
+#: say): why. Measurements sent after it are lost (counted in ARG_LOST_MEASUREMENTS); a
+#: ``measurements stopped`` instant on the dispatch loop says when.
+ARG_MEASUREMENTS_STOPPED = "measurements_stopped"
+INSTANT_MEASUREMENTS_STOPPED = "measurements stopped"
 #: On a task slice (END), ``true``: the runner reported the task received
 #: (``task_received_as_ready``) before it had finished. The slice ends where it
 #: was received; the tracer did not wait for the task (one warning per run) and

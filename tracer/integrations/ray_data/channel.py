@@ -75,8 +75,22 @@ class MeasurementChannel:
         Given to an operator's tasks as it starts, before the execution's trace
         is opened: a run whose trace cannot be created gets no actor.
         """
+        failed_actor = None
         with self._lock:
-            return self._current()[0]
+            if self.failed is not None and self._actor is not None and not self._sinks:
+                # The actor failed (Ray's OOM killer killed it, say), and no execution uses
+                # it now: the next one gets a new actor, under a new key. A failed actor
+                # was kept for the process's life, and every later execution lost its
+                # measurements (fresh user's review 7).
+                failed_actor, self._actor, self._pending = self._actor, None, None
+                self._generation += 1
+            key = self._current()[0]
+        if failed_actor is not None and ray_connected():
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.kill(failed_actor)
+        return key
 
     def start(self) -> None:
         """Create this job's actor, unless it is up (a traced execution is about to run)."""

@@ -115,6 +115,7 @@ class ExecutionTracer:
         self.level = level
         self._executor = executor
         self._channel = channel
+        self._stopped_said = False  # the channel's stop is on the loop (_say_if_stopped)
         self._lock = threading.RLock()
         self._disabled = False
         self._closed = False
@@ -458,8 +459,17 @@ class ExecutionTracer:
         self._channel.poll()  # outside the lock: it may hand other executions theirs
         self._guard(self._step_ended)
 
+    def _say_if_stopped(self) -> None:
+        """The channel stopped (its actor failed): when, on the dispatch loop, once."""
+        failed = self._channel.failed
+        if failed is not None and not self._stopped_said:
+            self._stopped_said = True
+            self._timeline.loop_instant(
+                L.INSTANT_MEASUREMENTS_STOPPED, {L.ARG_REASON: str(failed)[:300]})
+
     def _step_ended(self) -> None:
         tl = self._timeline
+        self._say_if_stopped()
         tl.end_loop({
             L.ARG_TASKS_DISPATCHED: self._step_dispatched,
             L.ARG_TASKS_FINISHED: self._step_finished,
@@ -651,4 +661,8 @@ class ExecutionTracer:
             tl.count_inflight(0)
         tl.finish()
         self._end_ts = self.writer.now()
-        tl.end_run(self._end_ts, data_error_args(error) if error is not None else None)
+        end_args = data_error_args(error) if error is not None else {}
+        if self._channel.failed is not None:
+            self._say_if_stopped()
+            end_args[L.ARG_MEASUREMENTS_STOPPED] = str(self._channel.failed)[:300]
+        tl.end_run(self._end_ts, end_args or None)
