@@ -131,6 +131,14 @@ def test_a_retried_kill_is_drawn_where_it_happened(retried: dict[str, Any]) -> N
     assert attempt.track_uuid == mark.track_uuid and attempt.ts + (attempt.dur or 0) == mark.ts
     assert (attempt.dur or 0) > 50_000_000  # it ran a while (18 x 50 ms at most)
     assert tasks["0-1"].ts < attempt.ts
+    # The task's lane of Ray's states has its attempts' one after another: the killed
+    # one's (it ran, and failed), then the retry's (the lane was blank while it ran).
+    (head,) = [s for s in model.slices if (s.name or "").startswith(L.RAY_STATES_PREFIX)
+               and s.args.get(L.ARG_TASK_ID) == "0-1"]
+    names = [s.name for s in sorted((s for s in model.slices if s.parent_id == head.id),
+                                    key=lambda s: s.ts)]
+    assert names.count(L.STATE_RUNNING) == 2 and L.STATE_FAILED in names, names
+    assert names.index(L.STATE_FAILED) < len(names) - 1  # (the retry's states after it)
     # The retry ran in another worker (Ray's killed one is gone), measured.
     (execution,) = [s for s in model.slices if s.category == L.CAT_EXECUTION
                     and s.args.get(L.ARG_TASK_ID) == "0-1"]

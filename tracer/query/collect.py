@@ -495,7 +495,7 @@ class TraceRows(TraceVisitor):
             else:
                 return
             old = pair[slot]
-            if old is None or ts < old:
+            if old is None or ts > old:  # the last attempt's (tracer_ray_state's MAX)
                 pair[slot] = ts
 
         by_track: dict[int, list[tuple[Any, ...]]] = defaultdict(list)

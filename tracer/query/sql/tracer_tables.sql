@@ -94,7 +94,9 @@ DROP TABLE tracer_dispatched;
 -- attempt created last at or before the first of them. The latency split
 -- needs two, on the owner's (driver's) clock: submitted_ts
 -- (SUBMITTED_TO_WORKER: Ray has a worker for it and pushes it there) and
--- replied_ts (FINISHED or FAILED: the owner has the worker's reply).
+-- replied_ts (FINISHED or FAILED: the owner has the worker's reply), each
+-- its last: a retried task's states are its attempts' one after another,
+-- and the split is its last attempt's (the failed ones are in its queue).
 CREATE TABLE tracer_ray_state AS
 WITH state AS (
   SELECT
@@ -123,8 +125,8 @@ per_task AS (
     MAX(task_id) AS task_id,
     MAX(CASE WHEN task_id IS NOT NULL THEN attempt END) AS attempt,
     MIN(CASE WHEN task_id IS NOT NULL THEN ts END) AS head_ts,
-    MIN(CASE WHEN name = 'SUBMITTED_TO_WORKER' THEN ts END) AS submitted_ts,
-    MIN(CASE WHEN name IN ('FINISHED', 'FAILED') THEN ts END) AS replied_ts,
+    MAX(CASE WHEN name = 'SUBMITTED_TO_WORKER' THEN ts END) AS submitted_ts,
+    MAX(CASE WHEN name IN ('FINISHED', 'FAILED') THEN ts END) AS replied_ts,
     NULL AS worker_pid
   FROM grouped
   WHERE head > 0
@@ -134,8 +136,8 @@ per_task AS (
     EXTRACT_ARG(w.arg_set_id, 'debug.task_id') AS task_id,
     COALESCE(EXTRACT_ARG(w.arg_set_id, 'debug.attempt'), 0) AS attempt,
     w.ts AS head_ts,
-    MIN(CASE WHEN s.name = 'SUBMITTED_TO_WORKER' THEN s.ts END) AS submitted_ts,
-    MIN(CASE WHEN s.name IN ('FINISHED', 'FAILED') THEN s.ts END) AS replied_ts,
+    MAX(CASE WHEN s.name = 'SUBMITTED_TO_WORKER' THEN s.ts END) AS submitted_ts,
+    MAX(CASE WHEN s.name IN ('FINISHED', 'FAILED') THEN s.ts END) AS replied_ts,
     EXTRACT_ARG(w.arg_set_id, 'debug.worker_pid') AS worker_pid
   FROM slice AS s
   JOIN slice AS w ON w.id = s.parent_id  -- by id: slice.parent_id has no index
@@ -145,7 +147,7 @@ per_task AS (
     AND w.name GLOB 'ray states *'
   GROUP BY w.id
 )
-SELECT task_slice_id, MIN(submitted_ts) AS submitted_ts, MIN(replied_ts) AS replied_ts,
+SELECT task_slice_id, MAX(submitted_ts) AS submitted_ts, MAX(replied_ts) AS replied_ts,
   MAX(worker_pid) AS worker_pid
 FROM (
   SELECT

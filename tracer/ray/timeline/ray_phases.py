@@ -272,6 +272,7 @@ class RayPhases:
                     self._failed_attempt(task, task.task_id, name, attempts[-1], last=True)
                     done += 1
         failed: list[RayTaskEvents] | None = None  # attempts that failed, not expected
+        earlier: dict[str, list[RayTaskEvents]] | None = None  # failed attempts, by task
         for ev in ordered:
             key = (ev.ray_task_id, ev.attempt)
             exp = self._expected.get(key)
@@ -288,7 +289,21 @@ class RayPhases:
                 self._phases(exp, ev)
                 exp.phases_drawn = True
             if exp.task is not None:
-                self._states(exp.task, exp.name, ev)
+                if ev.attempt and not exp.task.ray_states_drawn:
+                    # A retry: its failed attempts' states first, on the same lane (the
+                    # lane was blank while they ran).
+                    if earlier is None:
+                        earlier = {}
+                        for other in ordered:
+                            if other.error_type:
+                                earlier.setdefault(other.ray_task_id, []).append(other)
+                    before = sorted(
+                        (e for e in earlier.get(ev.ray_task_id, ()) if e.attempt < ev.attempt),
+                        key=lambda e: e.attempt)
+                    if before:
+                        states = tuple(state for e in (*before, ev) for state in e.states)
+                        self._states(exp.task, exp.name, dataclasses.replace(ev, states=states))
+                self._states(exp.task, exp.name, ev)  # (drawn once: nothing if just drawn)
             if ev.span is not None:
                 del self._expected[key]
                 done += 1
