@@ -16,12 +16,11 @@ grows until it is killed, its retry allocates ~30 MB and returns.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from typing import Any
 
+import oom_jobs
 import pytest
 from engines_agree import assert_engines_agree
 from ray_trace_checks import check_well_formed
@@ -33,27 +32,7 @@ from tracer.ray import layout as L
 MIB = 1 << 20
 REQUEST = 64 * MIB
 
-JOB = r"""
-import json, os, sys, time
-
-def used_fraction():
-    info = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":")
-            info[key] = int(value.split()[0]) * 1024
-    return 1 - info["MemAvailable"] / info["MemTotal"], info["MemTotal"]
-
-used, total = used_fraction()
-threshold = used + (1 << 30) / total
-if threshold > 0.9:
-    print("RESULT " + json.dumps({"skip": f"memory already {used:.0%} used"}))
-    sys.exit(0)
-os.environ["RAY_memory_usage_threshold"] = f"{threshold:.4f}"
-os.environ["RAY_memory_monitor_refresh_ms"] = "100"
-os.environ["RAY_task_oom_retries"] = "1"
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
+JOB = oom_jobs.preamble(1) + r"""
 import ray
 from tracer.runner import Pipeline, Stage
 
@@ -86,20 +65,8 @@ print("RESULT " + json.dumps({"pids": out}))
 def retried(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("oom-retried")
     (tmp / "markers").mkdir()
-    script = tmp / "job.py"
-    script.write_text(JOB)
     trace = tmp / "retried.perfetto-trace"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["RAY_AUTH_MODE"] = "disabled"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(trace), str(REQUEST), str(tmp / "markers")],
-        capture_output=True, text=True, timeout=180, env=env, check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
-    if "skip" in result:
-        pytest.skip(result["skip"])
+    result = oom_jobs.run_job(tmp, JOB, [str(trace), str(REQUEST), str(tmp / "markers")])
     assert -1 not in result["pids"], "the first attempt was not killed"
     result["trace"] = trace
     return result

@@ -8,10 +8,6 @@ block's task (level 2, under memray) allocates up to 1.8 GB.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,7 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="Ray Data needs pip install -e '.[raydata]'")
 
+import oom_jobs
 from engines_agree import assert_engines_agree
 from ray_trace_checks import check_well_formed
 
@@ -28,27 +25,7 @@ from tracer.ray import layout as L
 MIB = 1 << 20
 REQUEST = 64 * MIB
 
-JOB = r"""
-import json, os, sys, time
-
-def used_fraction():
-    info = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":")
-            info[key] = int(value.split()[0]) * 1024
-    return 1 - info["MemAvailable"] / info["MemTotal"], info["MemTotal"]
-
-used, total = used_fraction()
-threshold = used + (1 << 30) / total
-if threshold > 0.9:
-    print("RESULT " + json.dumps({"skip": f"memory already {used:.0%} used"}))
-    sys.exit(0)
-os.environ["RAY_memory_usage_threshold"] = f"{threshold:.4f}"
-os.environ["RAY_memory_monitor_refresh_ms"] = "100"
-os.environ["RAY_task_oom_retries"] = "0"
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
+JOB = oom_jobs.preamble(0) + r"""
 import ray, ray.data
 import tracer.integrations.ray_data as traced_data
 
@@ -87,20 +64,8 @@ print("RESULT " + json.dumps(result))
 @pytest.fixture(scope="module")
 def oom(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("ray-data-oom")
-    script = tmp / "job.py"
-    script.write_text(JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TRACER_"))}
-    env["RAY_AUTH_MODE"] = "disabled"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tmp / "traces"), str(REQUEST)],
-        capture_output=True, text=True, timeout=240, env=env, check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    if "skip" in result:
-        pytest.skip(result["skip"])
-    return result
+    return oom_jobs.run_job(tmp, JOB, [str(tmp / "traces"), str(REQUEST)], timeout=240,
+                            drop_tracer_env=True)
 
 
 def test_the_user_gets_the_out_of_memory_error(oom: dict[str, Any]) -> None:
