@@ -267,6 +267,7 @@ def render(
     the task attempts that failed or were cancelled
     (:meth:`~tracer.query.TraceQuery.task_failures`); ``retries``: the tasks Ray ran
     again (:meth:`~tracer.query.TraceQuery.task_retries`)."""
+    stage_rows = records(stages)
     parts = [_header(trace, engine, info, style)]
     parts.append(
         render_table(
@@ -285,12 +286,11 @@ def render(
                 Column("peak max", "peak_max_bytes", fmt_bytes),
                 Column("over request", "over_request", fmt_count),
             ],
-            records(stages),
+            stage_rows,
             style,
             empty="(no tasks in this trace)",
         )
     )
-    stage_rows = records(stages)
     if info.get("tracing_level") == 1 and any(
             r["over_request"] and r["memory_requested"] for r in stage_rows):
         # (a level-1 peak is the worker's, its own memory with it: a request below that

@@ -289,6 +289,7 @@ class RayPhases:
                 self._phases(exp, ev)
                 exp.phases_drawn = True
             if exp.task is not None:
+                drawn = ev
                 if ev.attempt and not exp.task.ray_states_drawn:
                     # A retry: its failed attempts' states first, on the same lane (the
                     # lane was blank while they ran).
@@ -301,9 +302,9 @@ class RayPhases:
                         (e for e in earlier.get(ev.ray_task_id, ()) if e.attempt < ev.attempt),
                         key=lambda e: e.attempt)
                     if before:
-                        states = tuple(state for e in (*before, ev) for state in e.states)
-                        self._states(exp.task, exp.name, dataclasses.replace(ev, states=states))
-                self._states(exp.task, exp.name, ev)  # (drawn once: nothing if just drawn)
+                        drawn = dataclasses.replace(
+                            ev, states=tuple(st for e in (*before, ev) for st in e.states))
+                self._states(exp.task, exp.name, drawn)
             if ev.span is not None:
                 del self._expected[key]
                 done += 1

@@ -725,8 +725,9 @@ class RunTimeline:
             L.ARG_TASK_ID: task_id, L.ARG_RAY_ATTEMPT: ev.attempt, L.ARG_RETRIED: True,
             L.ARG_ERROR_TYPE: ev.error_type, L.ARG_ERROR: ev.error,
         }
-        if task is not None and task.request.memory_bytes:
-            args[L.ARG_MEMORY_REQUESTED] = int(task.request.memory_bytes)
+        requested = int(task.request.memory_bytes or 0) if task is not None else 0
+        if requested:
+            args[L.ARG_MEMORY_REQUESTED] = requested
         if ev.oom_used:
             args[L.ARG_MEMORY_AT_KILL] = ev.oom_used
         ran_from = self._failed_attempt_slice(name, ev, failed_at, args)
@@ -743,16 +744,14 @@ class RunTimeline:
             gone.append(ev.worker_pid)
         if gone:
             self.workers_killed(node_id, gone, failed_at)
-        if node_id is not None and (ev.oom_used or (task is not None and args.get(
-                L.ARG_MEMORY_REQUESTED))):
+        if node_id is not None and (ev.oom_used or requested):
             # The node's counters hold its request and its memory at the kill while it ran
             # (as for a task killed for good): the memory that got it killed shows there.
             start = ran_from if ran_from is not None else (
                 task.dispatch_ts if task is not None and task.dispatch_ts is not None
                 else failed_at)
             self.memory.killed(self.nodes.node(node_id).track, min(start, failed_at),
-                               failed_at, int(args.get(L.ARG_MEMORY_REQUESTED) or 0),
-                               int(ev.oom_used))
+                               failed_at, requested, ev.oom_used)
 
     def _failed_attempt_slice(
         self, name: str, ev: RayTaskEvents, failed_at: int, args: dict[str, Any]
