@@ -46,7 +46,8 @@ class TaskMemory:
     ``requested`` is its Ray ``memory=`` request (None: it asked for none); ``peak`` the
     measured peak (memray's heap peak at level 2; None: not measured, e.g.
     measurements lost, or killed); ``oom_killed`` with ``killed_at``, the
-    worker's memory Ray reported at the kill. ``peak_source`` is ``"heap"``,
+    worker's memory Ray reported at its largest kill (an attempt Ray ran again
+    counts; where its measured peak is more, that). ``peak_source`` is ``"heap"``,
     ``"uss"`` (the engine's own figure: Ray Data) or ``"rss"`` when known
     (tasks over their request), else None.
     """
@@ -250,16 +251,13 @@ def _task(row: dict[str, Any], flagged: dict[str, Any] | None, trace: Path) -> T
     """A task_latency row, with what memory_flagged adds for tasks over their request or
     killed (the source of the peak, the memory at the kill)."""
     killed = flagged is not None and flagged["reason"] == "oom killed"
-    peak_source = killed_at = None
-    if flagged is not None and row["memory_peak"] is not None:
-        # (the flagged row's peak is the memory at a kill where that was more: an attempt
-        # Ray ran again; the measured peak's own source is the task's)
-        peak_source = flagged["peak_source"] if flagged["peak_source"] != "at kill" \
-            else row.get("peak_source")
-    if killed and row.get("memory_at_kill") is not None:
-        killed_at = int(row["memory_at_kill"])
-    elif killed and flagged is not None and flagged["peak_bytes"] is not None:
-        killed_at = int(flagged["peak_bytes"])
+    # The measured peak's own source (the flagged row's is 'at kill' where a kill used more:
+    # an attempt Ray ran again), and for a killed task the flagged row's figure (its
+    # largest kill, or its measured peak where that is more).
+    peak_source = row["peak_source"] if flagged is not None and row["memory_peak"] is not None \
+        else None
+    killed_at = int(flagged["peak_bytes"]) if killed and flagged is not None \
+        and flagged["peak_bytes"] is not None else None
     return TaskMemory(
         stage=str(row["stage"]),
         stage_id=row["stage_id"],
